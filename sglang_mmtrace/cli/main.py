@@ -1,0 +1,47 @@
+"""``sglang-mmtrace``: doctor, demo, report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sglang-mmtrace", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    sub.add_parser("doctor", help="SGLang version, stage -> target -> resolved?, live sinks")
+
+    demo = sub.add_parser("demo", help="real SGLang on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed")
+    demo.add_argument("--serve-only", action="store_true", help="leave the server running until interrupted")
+    demo.add_argument("--port", type=int, default=0)
+    demo.add_argument("--jsonl", default=None, help="where the server writes records (default: a temp file)")
+    demo.add_argument("--rounds", type=int, default=5, help="rounds of the four reference requests")
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    report = sub.add_parser("report", help="per-stage table (p50, p95, share of TTFT) from a JSONL file")
+    report.add_argument("file")
+    report.add_argument("--json", action="store_true")
+
+    args = parser.parse_args(argv)
+    if args.cmd == "doctor":
+        from .doctor import run
+
+        return run()
+    if args.cmd == "demo":
+        from .demo import run
+
+        return run(args)
+    if args.cmd == "report":
+        import json
+
+        from ..analysis import format_table, read_jsonl, summarize
+
+        summary = summarize(read_jsonl(args.file))
+        print(json.dumps(summary, indent=2) if args.json else format_table(summary))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

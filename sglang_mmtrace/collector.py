@@ -1,0 +1,251 @@
+"""The join: one record per request from the API, scheduler and detokenizer processes.
+
+Runs in the API process on one daemon thread. API hooks hand over finished ``ApiTrace`` objects
+(a deque append); scheduler and detokenizer outboxes send their stage events over ZMQ, keyed by rid.
+Records are built here, off the request path, and passed to the sinks.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import pickle
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Protocol
+
+from . import telemetry
+from .config import Config
+from .context import LIVE, ApiTrace, HttpCtx
+from .record import StageEvent, coverage, stage_dicts
+from .stages import API, ROOT
+
+logger = logging.getLogger("sglang_mmtrace")
+
+POLL_MS = 20
+ORPHAN_TTL_S = 30.0
+DONE_MEMORY = 4096
+LAST_REMOTE_STAGES = ("scheduler.output", "detokenize")
+
+
+class Sink(Protocol):
+    def emit(self, record: dict[str, Any]) -> None: ...
+
+
+def collector_address() -> str:
+    name = f"sglang-mmtrace-{os.getpid()}-{uuid.uuid4().hex[:8]}.ipc"
+    return "ipc://" + os.path.join(tempfile.gettempdir(), name)
+
+
+class Collector:
+    def __init__(self, cfg: Config, sinks: list[Sink], sglang_version: str, address: str | None = None) -> None:
+        self.cfg = cfg
+        self.sinks = sinks
+        self.sglang_version = sglang_version
+        self.address = address or collector_address()
+        self._finished: collections.deque[ApiTrace] = collections.deque()
+        self._waiting: list[tuple[float, ApiTrace]] = []
+        self._remote: dict[str, list[StageEvent]] = {}
+        self._remote_seen: dict[str, float] = {}
+        self._done: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._peers: dict[str, dict[str, Any]] = {}
+        self._records = 0
+        self._unix_offset = time.time() - time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="mmtrace-collector", daemon=True)
+        self._ready = threading.Event()
+
+    # -- called from request paths (cheap) ---------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(5.0)
+
+    def finish(self, trace: ApiTrace) -> None:
+        """Hand a finished request over; it leaves ``LIVE`` now, whatever its status."""
+        if trace.closed:
+            return
+        trace.closed = True
+        LIVE.pop(trace.rid, None)
+        self._finished.append(trace)
+
+    def finish_http(self, http: HttpCtx) -> None:
+        for trace in http.traces:
+            self.finish(trace)
+
+    # -- collector thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        import zmq
+
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, 100000)
+        sock.bind(self.address)
+        self._ready.set()
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        while True:
+            try:
+                if poller.poll(POLL_MS):
+                    while True:
+                        try:
+                            raw = sock.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._on_message(pickle.loads(raw))
+                self._drain_finished()
+                self._flush_ready(time.perf_counter())
+            except Exception as exc:  # the collector must outlive any bad message
+                telemetry.contained("collector", exc)
+
+    def _on_message(self, msg: tuple[Any, ...]) -> None:
+        kind, process, pid, body = msg
+        if kind == "hb":
+            self._peers[f"{process}:{pid}"] = body
+            return
+        t = time.perf_counter()
+        for rids, name, t0, t1, clock, attrs in body:
+            for rid in rids if isinstance(rids, tuple) else (rids,):
+                if rid in self._done:
+                    continue
+                self._remote.setdefault(rid, []).append(StageEvent(name, process, t0, t1, clock, attrs))
+                self._remote_seen.setdefault(rid, t)
+
+    def _drain_finished(self) -> None:
+        q = self._finished
+        while q:
+            trace = q.popleft()
+            wait = self.cfg.grace_s if trace.dispatched else 0.0
+            self._waiting.append((time.perf_counter() + wait, trace))
+
+    def _flush_ready(self, t: float) -> None:
+        keep = []
+        for deadline, trace in self._waiting:
+            remote = self._remote.get(trace.rid, ())
+            complete = not trace.dispatched or all(any(e.name == n for e in remote) for n in LAST_REMOTE_STAGES)
+            if complete or t >= deadline:
+                self._emit(trace)
+            else:
+                keep.append((deadline, trace))
+        self._waiting = keep
+        for rid, seen in list(self._remote_seen.items()):
+            if t - seen > ORPHAN_TTL_S:
+                self._remote_seen.pop(rid, None)
+                if self._remote.pop(rid, None) is not None:
+                    telemetry.drop("orphan_events")
+
+    def _emit(self, trace: ApiTrace) -> None:
+        remote = self._remote.pop(trace.rid, [])
+        self._remote_seen.pop(trace.rid, None)
+        self._done[trace.rid] = None
+        while len(self._done) > DONE_MEMORY:
+            self._done.popitem(last=False)
+        try:
+            record = build_record(trace, remote, self.sglang_version, self._unix_offset)
+        except Exception as exc:
+            telemetry.contained("record", exc)
+            return
+        self._records += 1
+        for sink in self.sinks:
+            try:
+                sink.emit(record)
+            except Exception as exc:
+                telemetry.contained(f"sink.{type(sink).__name__}", exc)
+
+    # -- introspection (tests, doctor) ---------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "api": {
+                "live_requests": len(LIVE),
+                "finishing": len(self._finished) + len(self._waiting),
+                "remote_pending": len(self._remote),
+                "records": self._records,
+                "errors": dict(telemetry.errors),
+                "dropped": dict(telemetry.dropped),
+            },
+            "peers": dict(self._peers),
+        }
+
+
+def _status(trace: ApiTrace) -> tuple[str, str | None]:
+    http = trace.http
+    if http is not None:
+        if http.disconnected and http.t_last_body is None:
+            return "aborted", "client disconnected"
+        if http.error:
+            return "error", http.error
+        if http.status_code is not None and http.status_code >= 400:
+            return "error", f"HTTP {http.status_code}"
+    if trace.tm_error:
+        return ("aborted" if trace.tm_error == "aborted" else "error"), trace.tm_error
+    if trace.finish_reason is not None and isinstance(trace.finish_reason, dict):
+        if trace.finish_reason.get("type") == "abort":
+            return "aborted", "aborted"
+    return "ok", None
+
+
+def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
+                 unix_offset: float) -> dict[str, Any]:
+    """Join one request's events into the contract's record."""
+    http = trace.http
+    arrival = http.t_arrival if http is not None else trace.t_created
+    events: list[StageEvent] = []
+    if http is not None:
+        events.extend(http.pre_events)
+        events.append(StageEvent("http.parse", API, arrival, http.t_handle or trace.t_created))
+    events.extend(trace.events)
+    events.extend(remote)
+    status, error = _status(trace)
+    t_first = http.t_first_body if http is not None else trace.t_first_output
+    ttft = None
+    if trace.t_first_output is not None and t_first is not None and status != "error":
+        ttft = t_first - arrival
+        if http is not None:
+            events.append(StageEvent("response.first_chunk", API, trace.t_first_output, t_first))
+        events.append(StageEvent(ROOT, API, arrival, t_first))
+    t_end = (http.t_last_body if http is not None else None) or trace.t_finished
+    stages = stage_dicts(events, arrival)
+    attributed, cov = coverage(stages, ttft)
+
+    prefix = next((e.attrs for e in remote if e.name == "scheduler.prefix_match"), None)
+    prompt_tokens = prefix.get("prompt_tokens") if prefix else trace.meta_prompt_tokens
+    cached_tokens = prefix.get("cached_tokens") if prefix else trace.meta_cached_tokens
+    image_prefix_hit = bool(prefix.get("image_prefix_hit")) if prefix else False
+    vit = [e for e in remote if e.name == "model.vision_encoder"]
+    emb_states = {e.attrs.get("embedding_cache") for e in remote if e.name in ("model.embed", "model.vision_encoder")}
+    emb_states.discard(None)
+    embedding = "miss" if (vit or "miss" in emb_states) else ("hit" if "hit" in emb_states else "off")
+    if trace.preprocess:
+        preprocess = "miss" if "miss" in trace.preprocess else "hit"
+    else:
+        preprocess = "off"
+    return {
+        "rid": trace.rid,
+        "trace_id": _trace_id(http),
+        "model": trace.model,
+        "sglang_version": sglang_version,
+        "status": status,
+        "error": error,
+        "arrival_unix_s": round(arrival + unix_offset, 6),
+        "ttft_s": round(ttft, 9) if ttft is not None else None,
+        "e2e_s": round(t_end - arrival, 9) if t_end is not None else None,
+        "prompt_tokens": int(prompt_tokens or 0),
+        "cached_tokens": int(cached_tokens or 0),
+        "output_tokens": int(trace.output_tokens or 0),
+        "images": trace.images,
+        "cache": {"preprocess": preprocess, "embedding": embedding, "image_prefix_hit": image_prefix_hit},
+        "transport": {"mode": trace.transport_mode or "none", "bytes": int(trace.transport_bytes)},
+        "stages": stages,
+        "attributed_s": round(attributed, 9),
+        "coverage": round(cov, 6),
+    }
+
+
+def _trace_id(http: HttpCtx | None) -> str | None:
+    tp = http.traceparent if http is not None else None
+    if tp:
+        parts = tp.split("-")
+        if len(parts) >= 4 and len(parts[1]) == 32:
+            return parts[1]
+    return None

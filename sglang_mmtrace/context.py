@@ -1,0 +1,82 @@
+"""Per-request state in the API process, and how hooks find it.
+
+A request's state lives on objects that die with it: ``HttpCtx`` hangs off the ASGI scope, and
+``ApiTrace`` is indexed in ``LIVE`` by rid only between ``_init_req_state`` and the end of the HTTP
+exchange (or the TokenizerManager's end of the request), when it is handed to the collector.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from typing import Any
+
+from .record import StageEvent
+from .stages import API
+
+now = time.perf_counter
+
+
+class HttpCtx:
+    """One HTTP exchange, as the ASGI middleware sees it."""
+
+    __slots__ = (
+        "t_arrival", "t_handle", "t_first_body", "t_last_body", "status_code", "disconnected",
+        "error", "traces", "pre_events", "traceparent", "path",
+    )
+
+    def __init__(self, t_arrival: float, path: str) -> None:
+        self.t_arrival = t_arrival
+        self.path = path
+        self.t_handle: float | None = None
+        self.t_first_body: float | None = None
+        self.t_last_body: float | None = None
+        self.status_code: int | None = None
+        self.disconnected = False
+        self.error: str | None = None
+        self.traces: list[ApiTrace] = []
+        self.pre_events: list[StageEvent] = []
+        self.traceparent: str | None = None
+
+
+class ApiTrace:
+    """Everything the API process measures for one rid."""
+
+    __slots__ = (
+        "rid", "http", "model", "t_created", "events", "image_sizes", "image_meta", "images",
+        "preprocess", "transport_mode", "transport_bytes", "dispatched", "t_first_output",
+        "t_finished", "output_tokens", "meta_prompt_tokens", "meta_cached_tokens", "finish_reason",
+        "tm_error", "closed",
+    )
+
+    def __init__(self, rid: str, http: HttpCtx | None, model: str, t_created: float) -> None:
+        self.rid = rid
+        self.http = http
+        self.model = model
+        self.t_created = t_created
+        self.events: list[StageEvent] = []
+        self.image_sizes: dict[str, tuple[int, int]] = {}
+        self.image_meta: dict[str, dict[str, Any]] = {}
+        self.images: list[dict[str, Any]] = []
+        self.preprocess: list[str] = []
+        self.transport_mode: str | None = None
+        self.transport_bytes = 0
+        self.dispatched = False
+        self.t_first_output: float | None = None
+        self.t_finished: float | None = None
+        self.output_tokens = 0
+        self.meta_prompt_tokens: int | None = None
+        self.meta_cached_tokens: int | None = None
+        self.finish_reason: Any = None
+        self.tm_error: str | None = None
+        self.closed = False
+
+    def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
+        self.events.append(StageEvent(name, API, t0, t1, clock, attrs or {}))
+
+
+current_http: contextvars.ContextVar[HttpCtx | None] = contextvars.ContextVar("mmtrace_http", default=None)
+current_trace: contextvars.ContextVar[ApiTrace | None] = contextvars.ContextVar("mmtrace_trace", default=None)
+
+LIVE: dict[str, ApiTrace] = {}
+"""rid -> trace, for hooks that run outside the request's task (output handling)."""

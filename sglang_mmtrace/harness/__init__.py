@@ -1,0 +1,33 @@
+"""CPU test/demo harness: run the real SGLang server on CPU with a tiny offline Qwen3-VL.
+
+Test-only code: the plugin never imports it. ``CpuServer`` starts ``sglang.launch_server`` with
+the shims from ``research/cpu-harness.md``; ``stream_chat`` talks to it with the stdlib only.
+"""
+
+from .images import data_url, make_image
+from .server import DEFAULT_HEALTH_TIMEOUT_S, CpuServer, image_message, stream_chat
+from .shims import CPU_SHIMS_ENV, SHIMS_DIR, build_cuda_stub
+from .tiny_model import (
+    BUILDER_VERSION,
+    TOKEN_IDS,
+    build_tiny_qwen3vl,
+    default_cache_dir,
+    ensure_tiny_model,
+)
+
+__all__ = [
+    "BUILDER_VERSION",
+    "CPU_SHIMS_ENV",
+    "DEFAULT_HEALTH_TIMEOUT_S",
+    "SHIMS_DIR",
+    "TOKEN_IDS",
+    "CpuServer",
+    "build_cuda_stub",
+    "build_tiny_qwen3vl",
+    "data_url",
+    "default_cache_dir",
+    "ensure_tiny_model",
+    "image_message",
+    "make_image",
+    "stream_chat",
+]

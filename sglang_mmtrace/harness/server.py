@@ -1,0 +1,375 @@
+"""Start the real SGLang server on CPU with the tiny Qwen3-VL, and a minimal streaming client.
+
+The server runs as ``python -m sglang.launch_server`` in its own session, so ``stop()`` can end
+the launcher *and* its scheduler/detokenizer children (they are spawned processes, not threads).
+Everything the CPU run needs (offline mode, CPU engine, stub libcuda, op placeholders) is set
+here and nowhere else; see ``research/cpu-harness.md`` for why each piece exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+from .shims import CPU_SHIMS_ENV, SHIMS_DIR, build_cuda_stub
+from .tiny_model import default_cache_dir, ensure_tiny_model
+
+DEFAULT_HEALTH_TIMEOUT_S: float = 240.0
+_PROJECT_ROOT: Path = Path(__file__).resolve().parents[2]  # folder holding sglang_mmtrace/
+_LOG_TAIL_LINES: int = 60
+
+
+def _free_port() -> int:
+    """Ask the kernel for a free TCP port on 127.0.0.1 (small race window, fine for tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _prepend_path(value: str, existing: str | None) -> str:
+    """Prepend ``value`` to a ``os.pathsep`` list such as PYTHONPATH or LD_LIBRARY_PATH."""
+    return value if not existing else f"{value}{os.pathsep}{existing}"
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Live (non-zombie) processes whose session id is ``sid``, read from /proc.
+
+    A session survives ``setpgid`` in a child and re-parenting to init, so it finds every
+    descendant of the launcher, including orphaned scheduler/detokenizer processes.
+    """
+    pids: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # Fields after the command name (which may contain spaces) start after the last ')'.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) < 4:
+            continue
+        state, session = fields[0], int(fields[3])
+        if session == sid and state not in ("Z", "X"):
+            pids.append(int(entry))
+    return pids
+
+
+def _signal_session(sid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to the process group ``sid`` and to any session member outside it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sid, sig)
+    for pid in _session_pids(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    """Last ``lines`` lines of a log file, for error messages."""
+    try:
+        with path.open("r", errors="replace") as fh:
+            return "".join(deque(fh, maxlen=lines))
+    except OSError as exc:
+        return f"<could not read {path}: {exc}>"
+
+
+class CpuServer:
+    """A real ``sglang.launch_server`` on CPU serving the tiny Qwen3-VL, as a context manager.
+
+    Use ``with CpuServer(...) as srv: stream_chat(srv.base_url, ...)``. ``plugin_enabled`` maps to
+    ``SGLANG_MMTRACE=1/0`` and ``jsonl_path`` to ``SGLANG_MMTRACE_JSONL``; ``env`` is applied last,
+    so a test can override anything.
+    """
+
+    def __init__(
+        self,
+        port: int = 0,
+        env: Mapping[str, str] | None = None,
+        server_args: Sequence[str] = (),
+        jsonl_path: Path | str | None = None,
+        plugin_enabled: bool = True,
+        log_path: Path | str | None = None,
+        cache_dir: Path | str | None = None,
+        health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S,
+        stop_timeout: float = 20.0,
+    ) -> None:
+        self.port: int = port
+        self.extra_env: dict[str, str] = dict(env or {})
+        self.server_args: list[str] = list(server_args)
+        self.jsonl_path: Path | None = Path(jsonl_path) if jsonl_path is not None else None
+        self.plugin_enabled: bool = plugin_enabled
+        self.cache_dir: Path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.health_timeout: float = health_timeout
+        self.stop_timeout: float = stop_timeout
+        self._log_path_arg: Path | None = Path(log_path) if log_path is not None else None
+        self.log_path: Path | None = self._log_path_arg
+        self.model_path: Path | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.startup_seconds: float | None = None
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``; valid once ``start()`` has chosen the port."""
+        if self.port == 0:
+            raise RuntimeError("server port not chosen yet; call start() first")
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        """The exact launch command (without environment), for logs and debugging."""
+        if self.model_path is None:
+            raise RuntimeError("model not prepared yet; call start() first")
+        return [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", str(self.model_path),
+            "--device", "cpu",
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--attention-backend", "torch_native",
+            # Without a cap SGLang sizes the KV cache from free RAM (GBs, ~20 s to allocate).
+            "--max-total-tokens", "65536",
+            # Needed for usage.prompt_tokens_details.cached_tokens.
+            "--enable-cache-report",
+            "--enable-metrics",
+            *self.server_args,
+        ]  # fmt: skip
+
+    def environment(self, stub_dir: Path) -> dict[str, str]:
+        """The child environment: offline, CPU engine, stub libcuda, shims, plugin switches."""
+        env = dict(os.environ)
+        env.pop("SGLANG_MMTRACE_JSONL", None)
+        env.update(
+            {
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                # Required: without it RotaryEmbedding falls back to vllm ops and the scheduler dies.
+                "SGLANG_USE_CPU_ENGINE": "1",
+                CPU_SHIMS_ENV: "1",
+                "SGLANG_MMTRACE": "1" if self.plugin_enabled else "0",
+                "LD_LIBRARY_PATH": _prepend_path(str(stub_dir), env.get("LD_LIBRARY_PATH")),
+                # Shims first; then this working tree, so the server loads the same
+                # sglang_mmtrace source as the test process (editable install or not).
+                "PYTHONPATH": _prepend_path(f"{SHIMS_DIR}{os.pathsep}{_PROJECT_ROOT}", env.get("PYTHONPATH")),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if self.jsonl_path is not None:
+            env["SGLANG_MMTRACE_JSONL"] = str(self.jsonl_path)
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> CpuServer:
+        """Prepare model and stub, launch the server, and block until it answers /health."""
+        if self.process is not None:
+            raise RuntimeError("server already started")
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.model_path = ensure_tiny_model(self.cache_dir)
+        stub_dir = build_cuda_stub(self.cache_dir)
+        if self.port == 0:
+            self.port = _free_port()
+        if self._log_path_arg is None:
+            fd, name = tempfile.mkstemp(prefix=f"sglang-cpu-{self.port}-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        else:
+            self.log_path = self._log_path_arg
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+
+        t0 = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.command(),
+                env=self.environment(stub_dir),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        """End the whole process tree: SIGTERM, then SIGKILL after ``stop_timeout`` seconds.
+
+        The launcher gets SIGTERM first, alone, so SGLang's own shutdown stops *and reaps* its
+        scheduler/detokenizer (children killed together with their parent become zombies of
+        init). Whatever is left of the session then gets SIGTERM, and SIGKILL at the deadline.
+        Raises if any process of the session is still alive, so a test never leaks one.
+        """
+        proc = self.process
+        if proc is None:
+            return
+        sid = proc.pid
+        half = self.stop_timeout / 2
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        if not self._wait_gone(proc, sid, half):
+            _signal_session(sid, signal.SIGTERM)
+            if not self._wait_gone(proc, sid, half):
+                _signal_session(sid, signal.SIGKILL)
+                self._wait_gone(proc, sid, 10.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5.0)
+        self.process = None
+        leftover = _session_pids(sid)
+        if leftover:
+            raise RuntimeError(f"server processes survived SIGKILL: {leftover}")
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """Last lines of the server log (launcher, scheduler and detokenizer share it)."""
+        return _tail(self.log_path, lines) if self.log_path is not None else ""
+
+    def __enter__(self) -> CpuServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- internals --------------------------------------------------------------------------
+
+    @staticmethod
+    def _wait_gone(proc: subprocess.Popen[bytes], sid: int, timeout: float) -> bool:
+        """Poll until the launcher is reaped and no session member is alive."""
+        deadline = time.monotonic() + timeout
+        while True:
+            proc.poll()
+            if proc.returncode is not None and not _session_pids(sid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+    def _wait_healthy(self) -> None:
+        """Poll GET /health until 200; raise with the log tail if the launcher dies or times out."""
+        assert self.process is not None
+        deadline = time.monotonic() + self.health_timeout
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise RuntimeError(
+                    f"sglang server exited with code {code} before becoming healthy; "
+                    f"last log lines ({self.log_path}):\n{self.log_tail()}"
+                )
+            if _http_status(self.port, "/health", timeout=5.0) == 200:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"sglang server not healthy after {self.health_timeout:.0f} s; "
+                    f"last log lines ({self.log_path}):\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
+
+def _http_status(port: int, path: str, timeout: float) -> int | None:
+    """Status code of GET ``path`` on localhost, or None while nothing answers."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+# -- client ---------------------------------------------------------------------------------
+
+
+def image_message(question: str, images: Sequence[str], image_first: bool = True) -> dict[str, Any]:
+    """An OpenAI ``user`` message with one ``image_url`` part per URL and one text part.
+
+    ``image_first`` decides whether the images precede the question, which changes how much of
+    the prompt a repeated image shares with an earlier request (prefix caching).
+    """
+    image_parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": url}} for url in images]
+    text_part: dict[str, Any] = {"type": "text", "text": question}
+    content = [*image_parts, text_part] if image_first else [text_part, *image_parts]
+    return {"role": "user", "content": content}
+
+
+def stream_chat(
+    base_url: str,
+    messages: Sequence[Mapping[str, Any]],
+    max_tokens: int = 8,
+    timeout: float = 120.0,
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bytes]:
+    """POST a streamed, greedy ``/v1/chat/completions`` and parse its SSE stream (stdlib only).
+
+    Returns ``(chunks, usage, raw_bytes)``: every ``data:`` JSON object in order (``[DONE]``
+    excluded), the last non-null ``usage`` (needs ``include_usage``), and the raw body so a test
+    can assert on the exact wire format.
+    """
+    url = urlsplit(base_url)
+    if url.scheme != "http" or url.hostname is None:
+        raise ValueError(f"expected an http:// base URL, got {base_url!r}")
+    body = json.dumps(
+        {
+            "model": "default",
+            "messages": list(messages),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode("utf-8")
+    conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout)
+    try:
+        conn.request(
+            "POST",
+            f"{url.path.rstrip('/')}/v1/chat/completions",
+            body=body,
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        )
+        resp = conn.getresponse()
+        raw = resp.read()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise RuntimeError(f"/v1/chat/completions returned HTTP {resp.status}: {raw[:2000].decode(errors='replace')}")
+
+    chunks: list[dict[str, Any]] = []
+    usage: dict[str, Any] | None = None
+    for event in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
+        data_lines = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
+        if not data_lines:
+            continue
+        data = b"\n".join(data_lines)
+        if data.strip() == b"[DONE]":
+            continue
+        chunk = json.loads(data)
+        if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
+            raise RuntimeError(f"server sent an error event: {chunk['error']}")
+        chunks.append(chunk)
+        if isinstance(chunk, dict) and chunk.get("usage"):
+            usage = chunk["usage"]
+    return chunks, usage, raw
+
+
+__all__ = ["DEFAULT_HEALTH_TIMEOUT_S", "CpuServer", "image_message", "stream_chat"]

@@ -1,0 +1,394 @@
+"""Build a tiny random-weight Qwen3-VL offline, so the real SGLang server can run on CPU.
+
+No model can be downloaded in tests, so the checkpoint is generated: real Qwen3-VL architecture
+and real special-token ids (SGLang's Qwen-VL code keys on them), but 2 layers of width 128 and a
+locally trained byte-level BPE tokenizer. Builds are deterministic for a given seed and library
+versions, and cached: a ``.complete`` marker written last tells a finished build from a partial.
+See ``research/cpu-harness.md`` for the measured facts behind every number here.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # transformers is slow to import; load it only when building
+    from transformers import PreTrainedTokenizerBase, Qwen2Tokenizer, Qwen3VLConfig, Qwen3VLProcessor
+
+BUILDER_VERSION: str = "tiny-qwen3vl/1"
+"""Bump when the build output changes, so cached builds are rebuilt."""
+
+MARKER_NAME: str = ".complete"
+CACHE_ENV: str = "SGLANG_MMTRACE_CACHE"
+
+VOCAB_SIZE: int = 151936
+BPE_VOCAB_SIZE: int = 4000
+FIRST_SPECIAL_ID: int = 151643
+MODEL_MAX_LENGTH: int = 262144
+
+# The 26 added tokens of the Qwen2/Qwen3 tokenizers, in id order from 151643: (content, special).
+ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", True),
+    ("<|fim_middle|>", True),
+    ("<|fim_suffix|>", True),
+    ("<|fim_pad|>", True),
+    ("<|repo_name|>", True),
+    ("<|file_sep|>", True),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+TOKEN_IDS: dict[str, int] = {tok: FIRST_SPECIAL_ID + i for i, (tok, _) in enumerate(ADDED_TOKENS)}
+EOS_TOKEN: str = "<|im_end|>"
+PAD_TOKEN: str = "<|endoftext|>"
+
+# Stdlib files to train the BPE on: always present, plain text, enough merges for 4000 entries.
+_CORPUS_FILES: tuple[str, ...] = (
+    "argparse.py",
+    "textwrap.py",
+    "string.py",
+    "functools.py",
+    "json/encoder.py",
+    "json/decoder.py",
+)
+
+# Qwen3-VL style template: an image part renders as <|vision_start|><|image_pad|><|vision_end|>.
+# The words "image"/"video" in it also make SGLang pick its 'openai' (list) content format.
+CHAT_TEMPLATE: str = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}"
+    "{{- message['content'] }}"
+    "{%- elif message['content'] is not none %}"
+    "{%- for content in message['content'] %}"
+    "{%- if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif content['type'] == 'video' or 'video' in content %}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- elif 'text' in content %}"
+    "{{- content['text'] }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- endif %}"
+)
+
+# Run-time keys transformers 5 writes into tokenizer_config.json; they are not configuration.
+_DROP_TOKENIZER_KEYS: tuple[str, ...] = ("is_local", "local_files_only")
+
+
+def default_cache_dir() -> Path:
+    """``$SGLANG_MMTRACE_CACHE`` or ``~/.cache/sglang-mmtrace``: shared by model and stub builds."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "sglang-mmtrace"
+
+
+def _corpus() -> list[str]:
+    """Text of the fixed stdlib files the tokenizer is trained on."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return [(stdlib / rel).read_text(encoding="utf-8") for rel in _CORPUS_FILES]
+
+
+def _train_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Train a Qwen2-style byte-level BPE (4000 entries) and return its vocab and merges."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB_SIZE,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    model = json.loads(tok.to_str())["model"]
+    vocab: dict[str, int] = model["vocab"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in model["merges"]]
+    if sorted(vocab.values()) != list(range(BPE_VOCAB_SIZE)):
+        raise RuntimeError(f"BPE training gave {len(vocab)} entries, expected {BPE_VOCAB_SIZE}")
+    return vocab, [(a, b) for a, b in merges]
+
+
+def _build_tokenizer() -> Qwen2Tokenizer:
+    """Trained BPE + filler tokens up to 151642, then the 26 specials on their real ids."""
+    from tokenizers import AddedToken
+    from transformers import Qwen2Tokenizer
+
+    vocab, merges = _train_bpe()
+    # Fillers are printable ASCII, so the byte-level decoder renders them if the random model
+    # samples them; digits are split by the pre-tokenizer, so encoding never produces them.
+    for i in range(BPE_VOCAB_SIZE, FIRST_SPECIAL_ID):
+        vocab[f"<f{i}>"] = i
+    if len(vocab) != FIRST_SPECIAL_ID:
+        raise RuntimeError("filler tokens collided with trained BPE entries")
+
+    # Pitfall: Qwen2Tokenizer.__init__ adds eos/pad/unk as added tokens *first*. Passing
+    # eos="<|im_end|>" here would put it on 151643. Start with <|endoftext|> only (its real id
+    # 151643), add the rest in order, and switch eos to <|im_end|> afterwards.
+    tok = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token=None,
+        bos_token=None,
+        eos_token=PAD_TOKEN,
+        pad_token=PAD_TOKEN,
+    )
+    for content, special in ADDED_TOKENS[1:]:
+        tok.add_tokens([AddedToken(content, special=special, normalized=False)], special_tokens=special)
+    tok.eos_token = EOS_TOKEN
+    tok.pad_token = PAD_TOKEN
+    tok.model_max_length = MODEL_MAX_LENGTH
+    tok.chat_template = CHAT_TEMPLATE
+    _assert_tokenizer(tok)
+    return tok
+
+
+def _assert_tokenizer(tok: PreTrainedTokenizerBase) -> None:
+    """Fail the build unless every special token sits on its real Qwen id."""
+    got = {t: tok.convert_tokens_to_ids(t) for t in TOKEN_IDS}
+    wrong = {t: (got[t], want) for t, want in TOKEN_IDS.items() if got[t] != want}
+    if wrong:
+        raise AssertionError(f"special token ids shifted (got, want): {wrong}")
+    if tok.eos_token != EOS_TOKEN or tok.eos_token_id != TOKEN_IDS[EOS_TOKEN]:
+        raise AssertionError(f"eos is {tok.eos_token!r}/{tok.eos_token_id}, want {EOS_TOKEN}")
+    if tok.pad_token != PAD_TOKEN or tok.pad_token_id != TOKEN_IDS[PAD_TOKEN]:
+        raise AssertionError(f"pad is {tok.pad_token!r}/{tok.pad_token_id}, want {PAD_TOKEN}")
+    if len(tok) != FIRST_SPECIAL_ID + len(ADDED_TOKENS):
+        raise AssertionError(f"tokenizer has {len(tok)} entries")
+    ids = tok.encode("<|vision_start|><|image_pad|><|vision_end|>", add_special_tokens=False)
+    if ids != [TOKEN_IDS["<|vision_start|>"], TOKEN_IDS["<|image_pad|>"], TOKEN_IDS["<|vision_end|>"]]:
+        raise AssertionError(f"vision markers do not encode as single tokens: {ids}")
+
+
+def _build_config() -> Qwen3VLConfig:
+    """The tiny Qwen3-VL config: real structure and token ids, toy sizes."""
+    from transformers import Qwen3VLConfig
+
+    return Qwen3VLConfig(
+        text_config={
+            "vocab_size": VOCAB_SIZE,
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "hidden_act": "silu",
+            "max_position_embeddings": MODEL_MAX_LENGTH,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5_000_000.0,
+                "mrope_section": [6, 5, 5],
+                "mrope_interleaved": True,
+            },
+            "tie_word_embeddings": False,
+            "dtype": "bfloat16",
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 64,
+            "hidden_act": "gelu_pytorch_tanh",
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "in_channels": 3,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": 128,
+            "num_position_embeddings": 2304,
+            "deepstack_visual_indexes": [0, 1],
+            "dtype": "bfloat16",
+        },
+        image_token_id=TOKEN_IDS["<|image_pad|>"],
+        video_token_id=TOKEN_IDS["<|video_pad|>"],
+        vision_start_token_id=TOKEN_IDS["<|vision_start|>"],
+        vision_end_token_id=TOKEN_IDS["<|vision_end|>"],
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+
+
+def _build_processor(tokenizer: Qwen2Tokenizer) -> Qwen3VLProcessor:
+    """Qwen3VLProcessor with the Qwen3-VL image/video processor settings (mean/std 0.5)."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    image_processor = Qwen2VLImageProcessor(
+        size={"shortest_edge": 65536, "longest_edge": 16777216},
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    video_processor = Qwen3VLVideoProcessor(
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    return Qwen3VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def _clean_tokenizer_config(out_dir: Path) -> None:
+    """Drop run-time keys transformers 5 saves into tokenizer_config.json."""
+    path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    for key in _DROP_TOKENIZER_KEYS:
+        cfg.pop(key, None)
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _verify_saved(out_dir: Path) -> None:
+    """Reload from disk, as SGLang will, and re-check ids and the rendered image prompt."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(out_dir, local_files_only=True)
+    _assert_tokenizer(processor.tokenizer)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}]
+    text = processor.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    want = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Hi<|im_end|>\n<|im_start|>assistant\n"
+    if text != want:
+        raise AssertionError(f"chat template rendered {text!r}, want {want!r}")
+
+
+def build_tiny_qwen3vl(out_dir: Path, seed: int = 0) -> Path:
+    """Write the tiny Qwen3-VL checkpoint (model, tokenizer, processor) to ``out_dir``.
+
+    Deterministic for a given seed; offline; the ``.complete`` marker is written last so a crash
+    leaves a directory that ``ensure_tiny_model`` recognises as partial.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MARKER_NAME).unlink(missing_ok=True)
+
+    tokenizer = _build_tokenizer()
+    processor = _build_processor(tokenizer)
+
+    config = _build_config()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3VLForConditionalGeneration(config).to(torch.bfloat16).eval()
+    # Token ids only (as in Qwen3-VL), no sampling defaults: tests ask for greedy explicitly.
+    model.generation_config = GenerationConfig(
+        bos_token_id=TOKEN_IDS[PAD_TOKEN],
+        pad_token_id=TOKEN_IDS[PAD_TOKEN],
+        eos_token_id=[TOKEN_IDS[EOS_TOKEN], TOKEN_IDS[PAD_TOKEN]],
+    )
+
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    _clean_tokenizer_config(out_dir)
+    _verify_saved(out_dir)
+
+    (out_dir / MARKER_NAME).write_text(f"{BUILDER_VERSION} seed={seed}\n", encoding="utf-8")
+    return out_dir
+
+
+def is_complete(model_dir: Path, seed: int = 0) -> bool:
+    """True when ``model_dir`` holds a finished build of this builder version and seed."""
+    marker = Path(model_dir) / MARKER_NAME
+    try:
+        return marker.read_text(encoding="utf-8").strip() == f"{BUILDER_VERSION} seed={seed}"
+    except OSError:
+        return False
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Exclusive inter-process lock, so parallel test workers build the model once."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_tiny_model(cache_dir: Path | None = None, seed: int = 0) -> Path:
+    """Return a finished tiny-model directory in the cache, building it first if needed.
+
+    The build goes to a temporary sibling and is renamed into place, so readers never see a
+    partial model; a stale or partial directory (no matching marker) is replaced.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    name = f"tiny-qwen3vl-seed{seed}"
+    final = cache / name
+    if is_complete(final, seed):
+        return final
+    with _locked(cache / f".{name}.lock"):
+        if is_complete(final, seed):
+            return final
+        for stale in cache.glob(f"{name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=cache))
+        try:
+            build_tiny_qwen3vl(tmp, seed=seed)
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+__all__ = [
+    "ADDED_TOKENS",
+    "BUILDER_VERSION",
+    "CHAT_TEMPLATE",
+    "TOKEN_IDS",
+    "build_tiny_qwen3vl",
+    "default_cache_dir",
+    "ensure_tiny_model",
+    "is_complete",
+]

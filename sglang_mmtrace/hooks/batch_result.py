@@ -1,0 +1,78 @@
+"""Prefill batch results (scheduler process): first token to the detokenizer; model stages read.
+
+By the time ``process_batch_result_prefill`` returns, SGLang has synchronized the batch's copy-done
+event, so the CUDA events of the forward can be read without adding a host sync.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import scheduler_state as ss
+from .base import HookSpec, arg, interval
+
+
+def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
+    clock, rids = ctx.clock, ctx.rids
+    name = clock.name
+    base = {"batch_size": batch_size}
+    miss_rids: dict[str, int] = {}
+    vit_end = None
+    for m0, m1, hashes in ctx.vit:
+        owners: dict[str, int] = {}
+        for h in hashes:
+            for rid in ctx.hash_to_rids.get(h, ()):
+                owners[rid] = owners.get(rid, 0) + 1
+        t0, t1 = clock.host(m0), clock.host(m1)
+        vit_end = t1 if vit_end is None else max(vit_end, t1)
+        for rid, n in owners.items():
+            miss_rids[rid] = miss_rids.get(rid, 0) + n
+        if owners:
+            ss.emit(tuple(owners), "model.vision_encoder", t0, t1, name,
+                    {**base, "images": len(hashes), "embedding_cache": "miss", "skipped": False})
+    embed_end = None
+    if ctx.embed is not None and ctx.needs_embed:
+        e0, e1 = clock.host(ctx.embed[0]), clock.host(ctx.embed[1])
+        embed_end = e1
+        start = vit_end if vit_end is not None and e0 <= vit_end <= e1 else e0
+        for rid in ctx.needs_embed:
+            cache = "miss" if rid in miss_rids else "hit"
+            ss.emit(rid, "model.embed", start, e1, name, {**base, "embedding_cache": cache})
+    if ctx.fwd is not None:
+        f0, f1 = clock.host(ctx.fwd[0]), clock.host(ctx.fwd[1])
+        start = embed_end if embed_end is not None and f0 <= embed_end <= f1 else f0
+        ss.emit(rids, "model.prefill", start, f1, name, base)
+    if ctx.sample is not None:
+        ss.emit(rids, "model.sample", clock.host(ctx.sample[0]), clock.host(ctx.sample[1]), name, base)
+
+
+def _result_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    batch = arg(args, kwargs, 0, "batch")
+    ctxs: dict[int, ss.FwdCtx] = {}
+    first = []
+    for req in batch.reqs:
+        tr = getattr(req, "_mmtrace", None)
+        if tr is None or tr.fwd is None:
+            continue
+        ctxs[id(tr.fwd)] = tr.fwd
+        tr.fwd = None
+        if not tr.first_token and _has_output(req):
+            tr.first_token = True
+            first.append(req.rid)
+    for ctx in ctxs.values():
+        _emit_model_stages(ctx, ctx.batch_size)
+        ready = max(ctx.t1, ctx.t_sample_end or ctx.t1)
+        if t0 > ready:
+            # Overlap scheduling: the result waits while the scheduler launches the next batch.
+            ss.emit(ctx.rids, "scheduler.overlap_wait", ready, t0, attrs={"batch_size": ctx.batch_size})
+    if first:
+        ss.emit(tuple(first), "scheduler.output", t0, t1, attrs={"batch_size": len(batch.reqs)})
+
+
+def _has_output(req: Any) -> bool:
+    return bool(getattr(req, "output_ids", None)) or req.finished()
+
+
+HOOKS: dict[str, HookSpec] = {
+    "batch_result.prefill": interval("batch_result.prefill", _result_exit),
+}

@@ -1,0 +1,29 @@
+"""DetokenizerManager (detokenizer process): the first output of each request detokenized."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import scheduler_state as ss
+from .base import HookSpec, arg, interval
+
+
+def _enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    recv_obj = arg(args, kwargs, 0, "recv_obj")
+    status = getattr(instance, "decode_status", None)
+    rids = getattr(recv_obj, "rids", None) or ()
+    if status is None:
+        return None
+    first = tuple(rid for rid in rids if rid not in status)
+    return (first, len(rids)) if first else None
+
+
+def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    if st is not None:
+        first, n = st
+        ss.emit(first, "detokenize", t0, t1, attrs={"batch_size": n})
+
+
+HOOKS: dict[str, HookSpec] = {
+    "detokenizer.handle_batch": interval("detokenizer.handle_batch", _exit, _enter),
+}

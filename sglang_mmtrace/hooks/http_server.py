@@ -1,0 +1,98 @@
+"""FastAPI app (api process): request arrival, first/last body bytes written, disconnects.
+
+A pure-ASGI middleware, so the first chunk's time is the real ``send`` of the body, not the
+generator's yield. It also serves ``GET /mmtrace/state`` (the plugin's own per-process state).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import runtime
+from ..context import HttpCtx, current_http, now
+from ..telemetry import contained
+from .base import HookSpec
+
+STATE_PATH = "/mmtrace/state"
+
+
+class MmtraceMiddleware:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope.get("path") == STATE_PATH:
+            await _serve_state(send)
+            return
+        ctx = HttpCtx(now(), scope.get("path", ""))
+        try:
+            scope.setdefault("state", {})["mmtrace"] = ctx
+            for key, value in scope.get("headers") or ():
+                if key == b"traceparent":
+                    ctx.traceparent = value.decode("latin-1")
+        except Exception as exc:
+            contained("http.middleware", exc)
+        token = current_http.set(ctx)
+
+        async def traced_send(message: dict) -> None:
+            mtype = message.get("type")
+            if mtype == "http.response.body":
+                if ctx.t_first_body is None and message.get("body"):
+                    await send(message)
+                    ctx.t_first_body = now()
+                    if not message.get("more_body", False):
+                        ctx.t_last_body = ctx.t_first_body
+                    return
+                await send(message)
+                if not message.get("more_body", False):
+                    ctx.t_last_body = now()
+                return
+            if mtype == "http.response.start":
+                ctx.status_code = message.get("status")
+            await send(message)
+
+        async def traced_receive() -> dict:
+            message = await receive()
+            if message.get("type") == "http.disconnect" and ctx.t_last_body is None:
+                ctx.disconnected = True
+            return message
+
+        try:
+            await self.app(scope, traced_receive, traced_send)
+        except BaseException as exc:
+            ctx.error = type(exc).__name__
+            if isinstance(exc, OSError | ConnectionError):
+                ctx.disconnected = True
+            raise
+        finally:
+            current_http.reset(token)
+            if ctx.traces and runtime.collector is not None:
+                try:
+                    runtime.collector.finish_http(ctx)
+                except Exception as exc:
+                    contained("http.middleware", exc)
+
+
+async def _serve_state(send: Any) -> None:
+    import json
+
+    body = json.dumps(runtime.collector.state() if runtime.collector else {}).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _install(app: Any) -> Any:
+    app.add_middleware(MmtraceMiddleware)
+
+    def uninstall() -> None:
+        app.user_middleware[:] = [m for m in app.user_middleware if m.cls is not MmtraceMiddleware]
+        app.middleware_stack = None
+
+    return uninstall
+
+
+HOOKS = {"http_server.app": HookSpec("http_server.app", install=_install)}

@@ -1,0 +1,77 @@
+"""Multimodal embedding in the model (scheduler process): vision encoder calls and injection.
+
+``prepare_mm_inputs`` is the whole multimodal part of a prefill forward (embedding-cache lookups,
+vision encoder for the misses, scatter into the LM input embeddings); ``get_image_feature`` is
+called with exactly the items that missed the embedding cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import scheduler_state as ss
+from .base import HookSpec, Wrapper, arg, guarded
+
+
+def _scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
+    """Which requests need image embeddings in this extend, and which rid owns which item hash."""
+    mm_inputs = getattr(forward_batch, "mm_inputs", None) or ()
+    rids = getattr(forward_batch, "rids", None) or ()
+    prefix_lens = getattr(forward_batch, "extend_prefix_lens_cpu", None) or ()
+    seq_lens = getattr(forward_batch, "extend_seq_lens_cpu", None) or ()
+    for i, mm in enumerate(mm_inputs):
+        if mm is None or i >= len(rids):
+            continue
+        lo = prefix_lens[i] if i < len(prefix_lens) else 0
+        hi = lo + (seq_lens[i] if i < len(seq_lens) else 0)
+        overlapping = 0
+        for item in getattr(mm, "mm_items", None) or ():
+            ctx.hash_to_rids.setdefault(item.hash, []).append(rids[i])
+            if any(s < hi and e >= lo for s, e in (item.offsets or ())):
+                overlapping += 1
+        if overlapping:
+            ctx.needs_embed[rids[i]] = overlapping
+
+
+def _prepare_wrapper(kind: str) -> Wrapper:
+    component = "mm_embedding.prepare"
+
+    def wrapper(wrapped, instance, args, kwargs):
+        ctx = ss.current
+        if ctx is None:
+            return wrapped(*args, **kwargs)
+        guarded(component, _scan_batch, ctx, arg(args, kwargs, 1, "forward_batch"))
+        m0 = guarded(component, ctx.clock.mark)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            m1 = guarded(component, ctx.clock.mark)
+            if m0 is not None and m1 is not None and ctx.embed is None:
+                ctx.embed = (m0, m1)
+
+    return wrapper
+
+
+def _vit_wrapper(kind: str) -> Wrapper:
+    component = "mm_embedding.vision_encoder"
+
+    def wrapper(wrapped, instance, args, kwargs):
+        ctx = ss.current
+        if ctx is None:
+            return wrapped(*args, **kwargs)
+        m0 = guarded(component, ctx.clock.mark)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            m1 = guarded(component, ctx.clock.mark)
+            items = arg(args, kwargs, 0, "items") or ()
+            if m0 is not None and m1 is not None:
+                ctx.vit.append((m0, m1, [getattr(it, "hash", None) for it in items]))
+
+    return wrapper
+
+
+HOOKS: dict[str, HookSpec] = {
+    "mm_embedding.prepare": HookSpec("mm_embedding.prepare", make=_prepare_wrapper),
+    "mm_embedding.vision_encoder": HookSpec("mm_embedding.vision_encoder", make=_vit_wrapper),
+}

@@ -1,0 +1,154 @@
+"""Multimodal processor (api process): load, preprocess-cache lookup, decode, resize, expand.
+
+Per-image work runs on SGLang's ``sglang-mm-io`` threads, where contextvars do not follow by
+themselves: the processor's executors are made to submit under a copy of the caller's context.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import threading
+from typing import Any
+
+from ..context import ApiTrace, current_trace
+from .base import HookSpec, arg, interval
+
+HASH_PREFIX = 16  # "sha256:" + 9 hex: a short prefix of SGLang's own content identity
+
+_sizes: collections.OrderedDict[str, tuple[int, int]] = collections.OrderedDict()
+_sizes_lock = threading.Lock()
+_SIZES_MAX = 4096
+"""content digest -> decoded (width, height); bounded, so preprocess-cache hits still report a size."""
+
+
+def _remember_size(digest: str, size: tuple[int, int]) -> None:
+    with _sizes_lock:
+        _sizes[digest] = size
+        _sizes.move_to_end(digest)
+        while len(_sizes) > _SIZES_MAX:
+            _sizes.popitem(last=False)
+
+
+def _known_size(digest: str) -> tuple[int, int] | None:
+    with _sizes_lock:
+        return _sizes.get(digest)
+
+
+def _propagating(executor: Any) -> None:
+    """Make ``executor.submit`` run callables in a copy of the submitter's context."""
+    if executor is None or getattr(executor, "_mmtrace_ctx", False):
+        return
+    submit = executor.submit
+
+    def submit_in_context(fn, /, *args, **kwargs):
+        return submit(contextvars.copy_context().run, fn, *args, **kwargs)
+
+    executor.submit = submit_in_context
+    executor._mmtrace_ctx = True
+
+
+def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    if exc is not None:
+        return
+    _propagating(getattr(instance, "io_executor", None))
+    mpe = getattr(instance, "mm_processor_executor", None)
+    _propagating(getattr(mpe, "_executor", None))
+
+
+def _trace() -> ApiTrace | None:
+    return current_trace.get()
+
+
+def _process_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    trace = _trace()
+    if trace is not None and arg(args, kwargs, 0, "image_data"):
+        trace.add("mm.process", t0, t1)
+
+
+def _load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    trace = _trace()
+    if trace is None:
+        return
+    attrs: dict[str, Any] = {}
+    if result is not None:
+        digest = str(result.content_digest)
+        attrs = {"bytes": int(result.size_bytes), "source": str(result.source)}
+        trace.image_meta[digest] = {"bytes": int(result.size_bytes), "content_hash": digest[:HASH_PREFIX]}
+    trace.add("mm.load", t0, t1, attrs)
+
+
+def _cache_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    trace = _trace()
+    if trace is None:
+        return
+    outcome = "hit" if result is not None else "miss"
+    trace.preprocess.append(outcome)
+    trace.add("mm.preprocess_cache", t0, t1, {"result": outcome})
+
+
+def _decode_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    trace = _trace()
+    if trace is None:
+        return
+    attrs: dict[str, Any] = {}
+    size = _image_size(result)
+    if size is not None:
+        attrs = {"width": size[0], "height": size[1]}
+        snapshot = arg(args, kwargs, 0, "snapshot")
+        digest = getattr(snapshot, "content_digest", None)
+        if digest:
+            _remember_size(str(digest), size)
+    trace.add("mm.decode", t0, t1, attrs)
+
+
+def _image_size(media: Any) -> tuple[int, int] | None:
+    size = getattr(media, "size", None)
+    if isinstance(size, tuple) and len(size) == 2:
+        return int(size[0]), int(size[1])
+    shape = getattr(media, "shape", None)  # CHW tensor from a GPU decode
+    if shape is not None and len(shape) == 3:
+        return int(shape[2]), int(shape[1])
+    return None
+
+
+def _resize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    trace = _trace()
+    if trace is None:
+        return
+    entries = arg(args, kwargs, 0, "entries") or ()
+    trace.add("mm.resize_normalize", t0, t1, {"images": len(entries)})
+
+
+def _expand_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    trace = _trace()
+    if trace is None:
+        return
+    artifacts = arg(args, kwargs, 1, "artifacts") or ()
+    items = getattr(result, "mm_items", None) or ()
+    images = []
+    for artifact, item in zip(artifacts, items, strict=False):
+        digest = str(getattr(artifact, "content_digest", ""))
+        meta = trace.image_meta.get(digest, {})
+        size = _known_size(digest) or (0, 0)
+        images.append({
+            "width": size[0],
+            "height": size[1],
+            "visual_tokens": sum(e - s + 1 for s, e in (getattr(item, "offsets", None) or ())),
+            "bytes": meta.get("bytes", 0),
+            "content_hash": meta.get("content_hash", digest[:HASH_PREFIX]),
+        })
+    trace.images = images
+    trace.add("mm.expand", t0, t1, {"images": len(images),
+                                     "visual_tokens": sum(i["visual_tokens"] for i in images)})
+
+
+HOOKS: dict[str, HookSpec] = {
+    "mm_processor.init": interval("mm_processor.init", _init_exit),
+    "mm_processor.process": interval("mm_processor.process", _process_exit),
+    "mm_processor.load": interval("mm_processor.load", _load_exit),
+    "mm_processor.preprocess_cache": interval("mm_processor.preprocess_cache", _cache_exit),
+    "mm_processor.decode": interval("mm_processor.decode", _decode_exit),
+    "mm_processor.resize_normalize": interval("mm_processor.resize_normalize", _resize_exit),
+    "mm_processor.expand": interval("mm_processor.expand", _expand_exit),
+}

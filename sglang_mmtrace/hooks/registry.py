@@ -1,0 +1,23 @@
+"""Every hook implementation, by manifest hook id (one module per SGLang component)."""
+
+from __future__ import annotations
+
+from . import (
+    batch_result,
+    detokenizer,
+    http_server,
+    mm_embedding,
+    mm_processor,
+    model_runner,
+    openai_serving,
+    schedule_batch,
+    scheduler,
+    tokenizer_manager,
+    transport,
+)
+from .base import HookSpec
+
+HOOKS: dict[str, HookSpec] = {}
+for _module in (http_server, openai_serving, tokenizer_manager, mm_processor, transport, scheduler,
+                schedule_batch, model_runner, mm_embedding, batch_result, detokenizer):
+    HOOKS.update(_module.HOOKS)

@@ -1,0 +1,57 @@
+"""Req / ScheduleBatch (scheduler process): the adopted radix prefix match and admission."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import scheduler_state as ss
+from .base import HookSpec, interval
+
+
+def _match_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    tr = getattr(instance, "_mmtrace", None)
+    if tr is not None and not tr.admitted:
+        tr.t_match0, tr.t_match1 = t0, t1  # the last match before admission is the adopted one
+
+
+def image_prefix_hit(req: Any) -> bool:
+    """True when every image span of the request lies inside the matched prefix (ViT skipped)."""
+    mm = getattr(req, "multimodal_inputs", None)
+    items = getattr(mm, "mm_items", None) if mm is not None else None
+    if not items:
+        return False
+    prefix = _prefix_len(req)
+    return all(e < prefix for item in items for _, e in (item.offsets or ()))
+
+
+def _prefix_len(req: Any) -> int:
+    value = getattr(req, "prefix_len", None)
+    if isinstance(value, int):
+        return value
+    indices = getattr(req, "prefix_indices", None)
+    return len(indices) if indices is not None else 0
+
+
+def _prepare_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    if exc is not None:
+        return
+    for req in instance.reqs:
+        tr = getattr(req, "_mmtrace", None)
+        if tr is None or tr.admitted:
+            continue
+        tr.admitted = True
+        m0 = tr.t_match0 if tr.t_match0 is not None else t0
+        m1 = tr.t_match1 if tr.t_match1 is not None else t0
+        ss.emit(req.rid, "scheduler.queue", tr.t_enqueue, m0)
+        ss.emit(req.rid, "scheduler.prefix_match", m0, m1, attrs={
+            "cached_tokens": int(getattr(req, "cached_tokens", 0) or 0),
+            "prompt_tokens": len(req.origin_input_ids),
+            "image_prefix_hit": image_prefix_hit(req),
+        })
+        tr.t_match1 = m1
+
+
+HOOKS: dict[str, HookSpec] = {
+    "schedule_batch.match": interval("schedule_batch.match", _match_exit),
+    "schedule_batch.prepare_for_extend": interval("schedule_batch.prepare_for_extend", _prepare_exit),
+}

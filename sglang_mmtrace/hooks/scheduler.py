@@ -1,0 +1,58 @@
+"""Scheduler (scheduler process): receive, enqueue, and the prefill forward of each batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import scheduler_state as ss
+from .base import HookSpec, arg, interval
+
+
+def _recv_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    if result:
+        ss.last_recv_start = t0
+
+
+def _enqueue_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    req = arg(args, kwargs, 0, "req")
+    if arg(args, kwargs, 1, "is_retracted") or getattr(req, "_mmtrace", None) is not None or exc is not None:
+        return
+    t_recv = ss.last_recv_start if 0 < ss.last_recv_start <= t0 else t0
+    req._mmtrace = ss.ReqTrace(t_recv, t1)
+    ss.emit(req.rid, "scheduler.recv", t_recv, t1)
+
+
+def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    ss.current = None
+    batch = arg(args, kwargs, 0, "batch")
+    mode = getattr(batch, "forward_mode", None)
+    if mode is None or not mode.is_extend():
+        return None
+    reqs = [r for r in batch.reqs if (tr := getattr(r, "_mmtrace", None)) is not None and not tr.first_token]
+    if not reqs:
+        return None
+    ctx = ss.FwdCtx(reqs, ss.now(), len(batch.reqs))
+    for req in reqs:
+        req._mmtrace.fwd = ctx  # the overlap scheduler processes a copy of the batch: keep it on the reqs
+    ss.current = ctx
+    return batch, ctx
+
+
+def _run_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    if st is None:
+        return
+    batch, ctx = st
+    ctx.t0, ctx.t1 = t0, t1
+    for req in ctx.reqs:
+        tr = req._mmtrace
+        if tr.t_match1 is not None:
+            ss.emit(req.rid, "scheduler.batch", tr.t_match1, t0, attrs={"batch_size": len(batch.reqs)})
+            tr.t_match1 = None  # emitted once: later chunks go straight from result to forward
+    ss.emit(ctx.rids, "model.forward", t0, t1, attrs={"batch_size": len(batch.reqs)})
+
+
+HOOKS: dict[str, HookSpec] = {
+    "scheduler.recv_requests": interval("scheduler.recv_requests", _recv_exit),
+    "scheduler.add_to_queue": interval("scheduler.add_to_queue", _enqueue_exit),
+    "scheduler.run_batch": interval("scheduler.run_batch", _run_exit, _run_enter),
+}

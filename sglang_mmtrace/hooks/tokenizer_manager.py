@@ -1,0 +1,102 @@
+"""TokenizerManager (api process): rid birth, tokenization, dispatch and the first output back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import runtime
+from ..context import LIVE, ApiTrace, current_http, current_trace
+from .base import HookSpec, arg, before, interval, now
+
+
+def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    http = current_http.get()
+    if http is None or exc is not None:
+        return  # not an HTTP request (e.g. the offline Engine API): untraced for now
+    obj = arg(args, kwargs, 0, "obj")
+    rids = obj.rid if isinstance(obj.rid, list) else [obj.rid]
+    model = getattr(instance, "served_model_name", None) or ""
+    for rid in rids:
+        if rid is None or rid in LIVE:
+            continue
+        trace = ApiTrace(rid, http, model, t1)
+        LIVE[rid] = trace
+        http.traces.append(trace)
+
+
+def _enter_request(instance: Any, args: tuple, kwargs: dict) -> Any:
+    obj = arg(args, kwargs, 0, "obj")
+    trace = LIVE.get(obj.rid) if isinstance(getattr(obj, "rid", None), str) else None
+    return trace, current_trace.set(trace)
+
+
+def _tokenize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    if st is None:
+        return
+    trace, token = st
+    current_trace.reset(token)
+    if trace is not None:
+        trace.add("tokenize", t0, t1)
+
+
+def _dispatch_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    if st is None:
+        return
+    trace, token = st
+    current_trace.reset(token)
+    if trace is not None:
+        trace.add("dispatch", t0, t1)
+        trace.dispatched = exc is None
+
+
+def _dispatch_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    obj = arg(args, kwargs, 0, "tokenized_obj")
+    trace = LIVE.get(obj.rid) if isinstance(getattr(obj, "rid", None), str) else None
+    return trace, current_trace.set(trace)
+
+
+def _batch_output(instance: Any, args: tuple, kwargs: dict) -> None:
+    recv_obj = arg(args, kwargs, 0, "recv_obj")
+    rids = getattr(recv_obj, "rids", None)
+    if not rids or not LIVE:
+        return
+    t = now()
+    finished = getattr(recv_obj, "finished_reasons", None)
+    for i, rid in enumerate(rids):
+        trace = LIVE.get(rid)
+        if trace is None:
+            continue
+        if trace.t_first_output is None:
+            trace.t_first_output = t
+        if finished is not None and finished[i] is not None:
+            trace.t_finished = t
+            trace.finish_reason = finished[i]
+            trace.output_tokens = _item(recv_obj, "completion_tokens", i, 0)
+            trace.meta_prompt_tokens = _item(recv_obj, "prompt_tokens", i, None)
+            trace.meta_cached_tokens = _item(recv_obj, "cached_tokens", i, None)
+
+
+def _item(obj: Any, name: str, i: int, default: Any) -> Any:
+    seq = getattr(obj, name, None)
+    try:
+        return seq[i] if seq is not None else default
+    except (IndexError, TypeError):
+        return default
+
+
+def _abort(instance: Any, args: tuple, kwargs: dict) -> None:
+    rid = arg(args, kwargs, 0, "rid")
+    trace = LIVE.get(rid) if rid else None
+    if trace is not None and trace.tm_error is None:
+        trace.tm_error = "aborted"
+        if trace.http is None and runtime.collector is not None:
+            runtime.collector.finish(trace)
+
+
+HOOKS: dict[str, HookSpec] = {
+    "tokenizer_manager.init_req_state": interval("tokenizer_manager.init_req_state", _init_exit),
+    "tokenizer_manager.tokenize": interval("tokenizer_manager.tokenize", _tokenize_exit, _enter_request),
+    "tokenizer_manager.dispatch": interval("tokenizer_manager.dispatch", _dispatch_exit, _dispatch_enter),
+    "tokenizer_manager.batch_output": before("tokenizer_manager.batch_output", _batch_output),
+    "tokenizer_manager.abort": before("tokenizer_manager.abort", _abort),
+}

@@ -1,0 +1,59 @@
+"""Feature hand-off to the scheduler (api process): shared memory, CUDA IPC, or inline pickling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..context import LIVE
+from .base import HookSpec, arg, interval
+
+_MODE_BY_TYPE = {
+    "ShmPointerMMData": "cpu",
+    "CudaIpcTensorTransportProxy": "cuda_ipc",
+    "CudaVmmTensorTransportProxy": "cuda_vmm",
+    "Tensor": "inline",
+}
+
+
+def _items(obj: Any) -> list[Any]:
+    mm = getattr(obj, "mm_inputs", None)
+    if mm is None:
+        return []
+    items = mm.get("mm_items") if isinstance(mm, dict) else getattr(mm, "mm_items", None)
+    return list(items or ())
+
+
+def _feature_bytes(items: list[Any]) -> int:
+    total = 0
+    for item in items:
+        feature = getattr(item, "feature", None)
+        for t in feature if isinstance(feature, list) else (feature,):
+            nbytes = getattr(t, "nbytes", None)
+            if isinstance(nbytes, int):
+                total += nbytes
+    return total
+
+
+def _enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    obj = arg(args, kwargs, 0, "obj")
+    items = _items(obj)
+    return (getattr(obj, "rid", None), _feature_bytes(items)) if items else None
+
+
+def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    if st is None:
+        return
+    rid, nbytes = st
+    trace = LIVE.get(rid) if isinstance(rid, str) else None
+    if trace is None:
+        return
+    modes = {_MODE_BY_TYPE.get(type(getattr(i, "feature", None)).__name__, "other") for i in _items(result)}
+    mode = "cpu" if "cpu" in modes else (sorted(modes)[0] if modes else "none")
+    trace.transport_mode = mode
+    trace.transport_bytes += nbytes
+    trace.add("transport.prepare", t0, t1, {"mode": mode, "bytes": nbytes})
+
+
+HOOKS: dict[str, HookSpec] = {
+    "transport.wrap_shm_features": interval("transport.wrap_shm_features", _exit, _enter),
+}

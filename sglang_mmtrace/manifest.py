@@ -1,0 +1,55 @@
+"""Version manifests (``patches/sglang-<version>.toml``): version differences as data."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+
+from .package import PRIMARY_VERSION, SUPPORTED_VERSIONS
+
+
+@dataclass(frozen=True)
+class HookEntry:
+    hook_id: str
+    target: str
+    kind: str
+    process: str
+    stages: tuple[str, ...]
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class Manifest:
+    version: str
+    hooks: tuple[HookEntry, ...]
+    exact: bool  # False when the installed SGLang has no manifest of its own
+
+    def for_process(self, process: str) -> list[HookEntry]:
+        return [h for h in self.hooks if h.process == process]
+
+
+def _parse(version: str) -> tuple[HookEntry, ...]:
+    text = resources.files("sglang_mmtrace.patches").joinpath(f"sglang-{version}.toml").read_text()
+    data = tomllib.loads(text)
+    return tuple(
+        HookEntry(hook_id, h["target"], h["kind"], h["process"], tuple(h.get("stages", ())), h.get("required", True))
+        for hook_id, h in data["hooks"].items()
+    )
+
+
+def _key(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def load(sglang_version: str | None) -> Manifest:
+    """The manifest of this version, or of the nearest supported one not newer (else the primary)."""
+    if sglang_version in SUPPORTED_VERSIONS:
+        return Manifest(sglang_version, _parse(sglang_version), True)
+    candidates = [v for v in SUPPORTED_VERSIONS if sglang_version and _key(v) <= _key(sglang_version)]
+    base = max(candidates, key=_key) if candidates else PRIMARY_VERSION
+    return Manifest(base, _parse(base), False)

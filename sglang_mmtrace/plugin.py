@@ -1,0 +1,152 @@
+"""Entry point (``sglang.srt.plugins``: ``mmtrace = sglang_mmtrace.plugin:load``) and installer.
+
+SGLang calls ``load()`` once in each of its processes before it builds the TokenizerManager,
+Scheduler or DetokenizerManager, so class-level wrappers are seen by every instance.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import sys
+from typing import Any
+
+from . import config, runtime
+from . import environment_variables as ev
+from .hooks import registry
+from .manifest import HookEntry, Manifest
+from .manifest import load as load_manifest
+from .package import sglang_version
+from .patch import apply, kind_of, resolve, unpatch
+
+logger = logging.getLogger("sglang_mmtrace")
+
+API, SCHEDULER, DETOKENIZER = "api", "scheduler", "detokenizer"
+_ROLE_BY_CALLER = {
+    "run_scheduler_process": SCHEDULER,
+    "run_detokenizer_process": DETOKENIZER,
+    "run_data_parallel_controller_process": "dp_controller",
+}
+
+
+def detect_role() -> str:
+    """Which SGLang process this is, from the function that called ``load_plugins()``."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            role = _ROLE_BY_CALLER.get(frame.f_code.co_name)
+            if role is not None:
+                return role
+            frame = frame.f_back
+    finally:
+        del frame
+    return API
+
+
+def _warn(msg: str, *args: Any) -> None:
+    # Scheduler and detokenizer logging is not configured yet at plugin-load time: use stderr too.
+    logger.warning(msg, *args)
+    if not logging.getLogger().handlers:
+        print("sglang-mmtrace: " + (msg % args), file=sys.stderr)
+
+
+def load() -> None:
+    """The plugin entry point: never raises into SGLang."""
+    try:
+        install()
+    except Exception as exc:  # pragma: no cover - last line of defence
+        _warn("not installed: %r", exc)
+
+
+def install(role: str | None = None) -> str | None:
+    """Install the plugin in this process (idempotent). Returns the role, or None when off."""
+    if runtime.role is not None:
+        return runtime.role
+    cfg = config.get()
+    if not cfg.enabled:
+        return None
+    role = role or detect_role()
+    if role not in (API, SCHEDULER, DETOKENIZER):
+        runtime.role = role
+        return role
+    version = sglang_version() or "unknown"
+    manifest = load_manifest(version)
+    if not manifest.exact:
+        _warn("SGLang %s has no manifest; using the %s targets that resolve", version, manifest.version)
+    if role == API:
+        _start_collector(cfg, version)
+    else:
+        address = os.environ.get(ev.SGLANG_MMTRACE_COLLECTOR)
+        if not address:
+            _warn("%s process: no collector address (was the API process started without the plugin?)", role)
+            runtime.role = role
+            return role
+        from .outbox import Outbox
+
+        runtime.outbox = Outbox(address, role)
+        runtime.outbox.start()
+    _apply_hooks(manifest, role)
+    runtime.role = role
+    return role
+
+
+def _start_collector(cfg: config.Config, version: str) -> None:
+    from .collector import Collector
+
+    sinks: list[Any] = []
+    if cfg.jsonl_path:
+        from .sinks.jsonl import JsonlSink
+
+        sinks.append(JsonlSink(cfg.jsonl_path))
+    collector = Collector(cfg, sinks, version)
+    collector.start()
+    runtime.collector = collector
+    os.environ[ev.SGLANG_MMTRACE_COLLECTOR] = collector.address
+    os.environ[ev.SGLANG_MMTRACE_COLLECTOR_OWNER] = str(os.getpid())
+
+
+def check(entry: HookEntry) -> tuple[Any, str | None]:
+    """Resolve one manifest entry: ``(resolved, None)`` or ``(None, why it cannot be hooked)``."""
+    try:
+        res = resolve(entry.target)
+    except Exception as exc:
+        return None, f"unresolved ({type(exc).__name__}: {exc})"
+    if entry.kind != "asgi":
+        actual = kind_of(res.original)
+        if actual != entry.kind:
+            return None, f"kind is {actual}, manifest says {entry.kind}"
+    return res, None
+
+
+def _apply_hooks(manifest: Manifest, role: str) -> None:
+    for entry in manifest.for_process(role):
+        spec = registry.HOOKS.get(entry.hook_id)
+        if spec is None:
+            runtime.missing.append((entry.hook_id, entry.target, "no hook implementation"))
+            continue
+        res, why = check(entry)
+        if why is not None:
+            runtime.missing.append((entry.hook_id, entry.target, why))
+            _warn("hook %s -> %s not applied: %s", entry.hook_id, entry.target, why)
+            continue
+        try:
+            if spec.install is not None:
+                runtime.uninstallers.append(spec.install(getattr(res.owner, res.attr)))
+            else:
+                runtime.applied.append(apply(entry.hook_id, entry.target, spec.make(entry.kind)))
+        except Exception as exc:
+            runtime.missing.append((entry.hook_id, entry.target, f"apply failed: {exc!r}"))
+            _warn("hook %s -> %s failed to apply: %r", entry.hook_id, entry.target, exc)
+
+
+def uninstall() -> None:
+    """Remove every wrapper this process applied (tests, and users who want it gone at run time)."""
+    for applied in reversed(runtime.applied):
+        unpatch(applied)
+    for undo in runtime.uninstallers:
+        undo()
+    runtime.applied.clear()
+    runtime.uninstallers.clear()
+    runtime.missing.clear()
+    runtime.role = None

@@ -1,0 +1,17 @@
+"""Process-wide plugin state: the role of this process and its live sinks (set by ``plugin``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .collector import Collector
+    from .outbox import Outbox
+    from .patch import Applied
+
+role: str | None = None
+collector: Collector | None = None
+outbox: Outbox | None = None
+applied: list[Applied] = []
+uninstallers: list = []
+missing: list[tuple[str, str, str]] = []  # (hook id, target, why)

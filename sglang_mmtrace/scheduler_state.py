@@ -1,0 +1,104 @@
+"""Scheduler-process state: per-request timestamps on ``Req`` and the current prefill forward.
+
+Per-request state lives on the ``Req`` object (``req._mmtrace``), so it dies with the request.
+The forward context lives on the ``ScheduleBatch`` until its result is processed, where GPU events
+are read: ``copy_done`` has been synchronized there, so reading them adds no host sync.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from . import config, runtime
+
+now = time.perf_counter
+
+
+class ReqTrace:
+    __slots__ = ("t_recv", "t_enqueue", "t_match0", "t_match1", "admitted", "first_token", "fwd")
+
+    def __init__(self, t_recv: float, t_enqueue: float) -> None:
+        self.t_recv = t_recv
+        self.t_enqueue = t_enqueue
+        self.t_match0: float | None = None
+        self.t_match1: float | None = None
+        self.admitted = False
+        self.first_token = False
+        self.fwd: FwdCtx | None = None  # the last prefill forward, until its result is processed
+
+
+class Clock:
+    """Host timestamps, or CUDA events on the current stream when the forward runs on a GPU."""
+
+    def __init__(self) -> None:
+        self.cuda = False
+        self.ref: Any = None
+        self.t_ref = 0.0
+        cfg = config.get()
+        if cfg.gpu_timing:
+            try:
+                import torch
+
+                self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+            except Exception:
+                self.cuda = False
+        if self.cuda:
+            self.ref = self.mark()
+            self.t_ref = now()
+
+    def mark(self) -> Any:
+        if self.cuda:
+            import torch
+
+            if not torch.cuda.is_current_stream_capturing():
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                return ev
+        return now()
+
+    def host(self, mark: Any) -> float:
+        """A mark on the host timeline (CUDA marks: offset from the reference event)."""
+        if isinstance(mark, float):
+            return mark
+        return self.t_ref + self.ref.elapsed_time(mark) / 1000.0
+
+    @property
+    def name(self) -> str:
+        return "cuda" if self.cuda else "host"
+
+
+class FwdCtx:
+    """What the hooks inside one prefill forward measured."""
+
+    __slots__ = ("rids", "reqs", "t0", "t1", "clock", "fwd", "sample", "t_sample_end", "embed", "vit", "needs_embed",
+                 "hash_to_rids", "batch_size")
+
+    def __init__(self, reqs: list[Any], t0: float, batch_size: int) -> None:
+        self.reqs = reqs
+        self.batch_size = batch_size
+        self.rids = tuple(r.rid for r in reqs)
+        self.t0 = t0
+        self.t1 = t0
+        self.clock = Clock()
+        self.fwd: tuple[Any, Any] | None = None
+        self.sample: tuple[Any, Any] | None = None
+        self.t_sample_end: float | None = None  # host time; sampling may run after run_batch (overlap)
+        self.embed: tuple[Any, Any] | None = None
+        self.vit: list[tuple[Any, Any, list[int]]] = []
+        self.needs_embed: dict[str, int] = {}  # rid -> images overlapping this extend
+        self.hash_to_rids: dict[int, list[str]] = {}
+
+
+current: FwdCtx | None = None
+"""The last prefill forward launched on the scheduler thread; reset by every ``run_batch``.
+
+It outlives ``run_batch`` because the overlap scheduler samples after ``run_batch`` returns."""
+
+last_recv_start = 0.0
+
+
+def emit(rids: Any, stage: str, t0: float, t1: float, clock: str = "host", attrs: dict[str, Any] | None = None) -> None:
+    box = runtime.outbox
+    if box is not None:
+        box.add(rids, stage, t0, t1, clock, attrs)

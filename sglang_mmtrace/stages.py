@@ -1,0 +1,92 @@
+"""The stage catalogue: the single source of truth for stage names.
+
+Hooks record stages by these names, sinks label spans/metrics/NVTX ranges with them, and the docs
+and dashboards are generated from this table. ``CONTRACT.md`` ("Stages") is the user-facing copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+API = "api"
+SCHEDULER = "scheduler"
+DETOKENIZER = "detokenizer"
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    process: str
+    covers: str
+    parent: str | None = None
+    gpu_timed: bool = False
+    per_image: bool = False
+    batch: bool = False
+    contract: bool = True
+
+    @property
+    def group(self) -> str:
+        """NVTX colour group: the name's prefix (``mm``, ``transport``, ``scheduler``, ``model``...)."""
+        return self.name.split(".", 1)[0] if "." in self.name else self.name
+
+    @property
+    def depth(self) -> int:
+        depth, parent = 0, self.parent
+        while parent is not None:
+            depth += 1
+            parent = STAGES[parent].parent
+        return depth
+
+
+_CATALOGUE: tuple[Stage, ...] = (
+    Stage("request", API, "root: request bytes arrived -> first streamed chunk written (server-side TTFT)"),
+    Stage("http.parse", API, "body read, JSON parse, validation", parent="request"),
+    Stage("openai.convert", API, "OpenAI request -> internal request, chat-template rendering", parent="request"),
+    Stage("tokenize", API, "TokenizerManager tokenization of the text (and, for VLMs, the processor)", parent="request"),
+    Stage("mm.process", API, "the multimodal processor as a whole (process_mm_data_async)", parent="tokenize"),
+    Stage("mm.load", API, "per image: fetch or base64-decode, content hash", parent="mm.process", per_image=True),
+    Stage("mm.preprocess_cache", API, "preprocessing-artifact cache lookup (attr result: hit, miss, off)",
+          parent="mm.process"),
+    Stage("mm.decode", API, "per image: PNG/JPEG decode", parent="mm.process", per_image=True),
+    Stage("mm.resize_normalize", API, "resize, rescale, normalize (GPU-timed when it runs on the GPU)",
+          parent="mm.process", gpu_timed=True),
+    Stage("mm.expand", API, "placeholder expansion into visual positions, M-RoPE positions", parent="mm.process"),
+    Stage("dispatch", API, "send to the scheduler", parent="request"),
+    Stage("transport.prepare", API, "feature hand-off preparation: shared memory (cpu), IPC handles (cuda_ipc)",
+          parent="dispatch"),
+    Stage("scheduler.recv", SCHEDULER, "receive, deserialize, materialize features", parent="request"),
+    Stage("scheduler.queue", SCHEDULER, "waiting until admitted to a prefill batch", parent="request"),
+    Stage("scheduler.prefix_match", SCHEDULER, "radix prefix match", parent="request"),
+    Stage("scheduler.batch", SCHEDULER, "prefill batch formation: admission, KV allocation, input preparation",
+          parent="request", batch=True, contract=False),
+    Stage("model.forward", SCHEDULER, "the prefill forward of the batch holding the request, as the host sees it",
+          parent="request", batch=True, contract=False),
+    Stage("model.vision_encoder", SCHEDULER, "vision encoder forward (GPU-timed)", parent="model.forward",
+          gpu_timed=True, batch=True),
+    Stage("model.embed", SCHEDULER, "visual embedding injection into the LM input embeddings",
+          parent="model.forward", gpu_timed=True, batch=True),
+    Stage("model.prefill", SCHEDULER, "LM prefill forward (GPU-timed)", parent="model.forward", gpu_timed=True,
+          batch=True),
+    Stage("model.sample", SCHEDULER, "first-token sampling", parent="model.forward", gpu_timed=True, batch=True),
+    Stage("scheduler.overlap_wait", SCHEDULER, "forward done, result waiting while the overlap scheduler runs the "
+          "next batch", parent="request", batch=True, contract=False),
+    Stage("scheduler.output", SCHEDULER, "result processing and hand-off to the detokenizer", parent="request",
+          batch=True),
+    Stage("detokenize", DETOKENIZER, "first output detokenized", parent="request", batch=True),
+    Stage("response.first_chunk", API, "first output received -> first chunk written to the socket",
+          parent="request"),
+)
+
+STAGES: dict[str, Stage] = {s.name: s for s in _CATALOGUE}
+ROOT = "request"
+ORDER: dict[str, int] = {s.name: i for i, s in enumerate(_CATALOGUE)}
+GROUPS: tuple[str, ...] = tuple(dict.fromkeys(s.group for s in _CATALOGUE))
+
+
+def stage(name: str) -> Stage:
+    """Look a stage up; an unknown name is a programming error, so it raises."""
+    return STAGES[name]
+
+
+def contract_stage_names() -> list[str]:
+    return [s.name for s in _CATALOGUE if s.contract]

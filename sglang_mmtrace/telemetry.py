@@ -1,0 +1,39 @@
+"""The plugin's own health counters: contained hook errors and dropped data, per process.
+
+These back ``sglang_mmtrace_errors_total`` / ``sglang_mmtrace_dropped_total`` and the state report.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from . import config
+
+logger = logging.getLogger("sglang_mmtrace")
+
+errors: Counter[str] = Counter()
+dropped: Counter[str] = Counter()
+_logged: set[str] = set()
+
+
+class InjectedError(RuntimeError):
+    """Raised by the test-only switch ``SGLANG_MMTRACE_TEST_RAISE``."""
+
+
+def contained(component: str, exc: BaseException) -> None:
+    """Count a failure of plugin code; log the first one per component, never re-raise."""
+    errors[component] += 1
+    if component not in _logged:
+        _logged.add(component)
+        logger.warning("sglang-mmtrace: %s failed and was contained: %r", component, exc)
+
+
+def maybe_inject(component: str) -> None:
+    """Raise inside plugin code when the test-only switch names this component."""
+    if config.get().test_raise and config.get().raises(component):
+        raise InjectedError(f"injected failure in {component}")
+
+
+def drop(sink: str, n: int = 1) -> None:
+    dropped[sink] += n
