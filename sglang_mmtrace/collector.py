@@ -179,9 +179,8 @@ def _status(trace: ApiTrace) -> tuple[str, str | None]:
             return "error", f"HTTP {http.status_code}"
     if trace.tm_error:
         return ("aborted" if trace.tm_error == "aborted" else "error"), trace.tm_error
-    if trace.finish_reason is not None and isinstance(trace.finish_reason, dict):
-        if trace.finish_reason.get("type") == "abort":
-            return "aborted", "aborted"
+    if isinstance(trace.finish_reason, dict) and trace.finish_reason.get("type") == "abort":
+        return "aborted", "aborted"
     return "ok", None
 
 
@@ -216,10 +215,7 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     emb_states = {e.attrs.get("embedding_cache") for e in remote if e.name in ("model.embed", "model.vision_encoder")}
     emb_states.discard(None)
     embedding = "miss" if (vit or "miss" in emb_states) else ("hit" if "hit" in emb_states else "off")
-    if trace.preprocess:
-        preprocess = "miss" if "miss" in trace.preprocess else "hit"
-    else:
-        preprocess = "off"
+    preprocess = ("miss" if "miss" in trace.preprocess else "hit") if trace.preprocess else "off"
     return {
         "rid": trace.rid,
         "trace_id": _trace_id(http),
