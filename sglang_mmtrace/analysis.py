@@ -44,8 +44,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[idx]
 
 
-def summarize(records: Iterable[dict[str, Any]], group: Callable[[dict[str, Any]], str] = request_kind
-              ) -> dict[str, dict[str, Any]]:
+def summarize(
+    records: Iterable[dict[str, Any]], group: Callable[[dict[str, Any]], str] = request_kind
+) -> dict[str, dict[str, Any]]:
     """Per group: n, ttft p50/p95, coverage min/median, and per stage p50/p95/share of TTFT."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
@@ -68,8 +69,12 @@ def summarize(records: Iterable[dict[str, Any]], group: Callable[[dict[str, Any]
             "coverage_min": min(covs),
             "coverage_p50": statistics.median(covs),
             "stages": {
-                s: {"p50": percentile(v, 0.5), "p95": percentile(v, 0.95), "share": statistics.median(shares[s]),
-                    "n": len(v)}
+                s: {
+                    "p50": percentile(v, 0.5),
+                    "p95": percentile(v, 0.95),
+                    "share": statistics.median(shares[s]),
+                    "n": len(v),
+                }
                 for s, v in sorted(per_stage.items(), key=lambda kv: ORDER.get(kv[0], 999))
             },
         }
@@ -80,14 +85,18 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
     """One block per group: stages indented under their parents, in ms."""
     lines = []
     for name, g in summary.items():
-        lines.append(f"== {name}  (n={g['n']})  TTFT p50 {g['ttft_p50'] * 1e3:.1f} ms, p95 {g['ttft_p95'] * 1e3:.1f} ms;"
-                     f" coverage min {g['coverage_min']:.3f}, median {g['coverage_p50']:.3f}")
+        lines.append(
+            f"== {name}  (n={g['n']})  TTFT p50 {g['ttft_p50'] * 1e3:.1f} ms, p95 {g['ttft_p95'] * 1e3:.1f} ms;"
+            f" coverage min {g['coverage_min']:.3f}, median {g['coverage_p50']:.3f}"
+        )
         lines.append(f"   {'stage':<34}{'p50 ms':>10}{'p95 ms':>10}{'share':>8}{'n':>5}")
         for stage, s in g["stages"].items():
             if stage == ROOT:
                 continue
             depth = STAGES[stage].depth if stage in STAGES else 1
             label = "  " * max(0, depth - 1) + stage
-            lines.append(f"   {label:<34}{s['p50'] * 1e3:>10.2f}{s['p95'] * 1e3:>10.2f}{s['share'] * 100:>7.1f}%{s['n']:>5}")
+            lines.append(
+                f"   {label:<34}{s['p50'] * 1e3:>10.2f}{s['p95'] * 1e3:>10.2f}{s['share'] * 100:>7.1f}%{s['n']:>5}"
+            )
         lines.append("")
     return "\n".join(lines)

@@ -184,8 +184,7 @@ def _status(trace: ApiTrace) -> tuple[str, str | None]:
     return "ok", None
 
 
-def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
-                 unix_offset: float) -> dict[str, Any]:
+def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str, unix_offset: float) -> dict[str, Any]:
     """Join one request's events into the contract's record."""
     http = trace.http
     arrival = http.t_arrival if http is not None else trace.t_created

@@ -21,8 +21,17 @@ class HttpCtx:
     """One HTTP exchange, as the ASGI middleware sees it."""
 
     __slots__ = (
-        "t_arrival", "t_handle", "t_first_body", "t_last_body", "status_code", "disconnected",
-        "error", "traces", "pre_events", "traceparent", "path",
+        "t_arrival",
+        "t_handle",
+        "t_first_body",
+        "t_last_body",
+        "status_code",
+        "disconnected",
+        "error",
+        "traces",
+        "pre_events",
+        "traceparent",
+        "path",
     )
 
     def __init__(self, t_arrival: float, path: str) -> None:
@@ -43,10 +52,26 @@ class ApiTrace:
     """Everything the API process measures for one rid."""
 
     __slots__ = (
-        "rid", "http", "model", "t_created", "events", "image_sizes", "image_meta", "images",
-        "preprocess", "transport_mode", "transport_bytes", "dispatched", "t_first_output",
-        "t_finished", "output_tokens", "meta_prompt_tokens", "meta_cached_tokens", "finish_reason",
-        "tm_error", "closed",
+        "rid",
+        "http",
+        "model",
+        "t_created",
+        "events",
+        "image_sizes",
+        "image_meta",
+        "images",
+        "preprocess",
+        "transport_mode",
+        "transport_bytes",
+        "dispatched",
+        "t_first_output",
+        "t_finished",
+        "output_tokens",
+        "meta_prompt_tokens",
+        "meta_cached_tokens",
+        "finish_reason",
+        "tm_error",
+        "closed",
     )
 
     def __init__(self, rid: str, http: HttpCtx | None, model: str, t_created: float) -> None:

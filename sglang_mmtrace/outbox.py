@@ -32,8 +32,9 @@ class Outbox:
         self._lock = threading.Lock()
         self.pending_gauges: dict[str, Any] = {}
 
-    def add(self, rids: Any, stage: str, t0: float, t1: float, clock: str = "host",
-            attrs: dict[str, Any] | None = None) -> None:
+    def add(
+        self, rids: Any, stage: str, t0: float, t1: float, clock: str = "host", attrs: dict[str, Any] | None = None
+    ) -> None:
         self._q.append((rids, stage, t0, t1, clock, attrs or {}))
         if self._thread is None:
             self.start()

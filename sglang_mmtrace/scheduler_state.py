@@ -71,8 +71,21 @@ class Clock:
 class FwdCtx:
     """What the hooks inside one prefill forward measured."""
 
-    __slots__ = ("rids", "reqs", "t0", "t1", "clock", "fwd", "sample", "t_sample_end", "embed", "vit", "needs_embed",
-                 "hash_to_rids", "batch_size")
+    __slots__ = (
+        "rids",
+        "reqs",
+        "t0",
+        "t1",
+        "clock",
+        "fwd",
+        "sample",
+        "t_sample_end",
+        "embed",
+        "vit",
+        "needs_embed",
+        "hash_to_rids",
+        "batch_size",
+    )
 
     def __init__(self, reqs: list[Any], t0: float, batch_size: int) -> None:
         self.reqs = reqs

@@ -28,8 +28,14 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
         for rid, n in owners.items():
             miss_rids[rid] = miss_rids.get(rid, 0) + n
         if owners:
-            ss.emit(tuple(owners), "model.vision_encoder", t0, t1, name,
-                    {**base, "images": len(hashes), "embedding_cache": "miss", "skipped": False})
+            ss.emit(
+                tuple(owners),
+                "model.vision_encoder",
+                t0,
+                t1,
+                name,
+                {**base, "images": len(hashes), "embedding_cache": "miss", "skipped": False},
+            )
     embed_end = None
     if ctx.embed is not None and ctx.needs_embed:
         e0, e1 = clock.host(ctx.embed[0]), clock.host(ctx.embed[1])

@@ -80,8 +80,7 @@ async def _serve_state(send: Any) -> None:
     import json
 
     body = json.dumps(runtime.collector.state() if runtime.collector else {}).encode()
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -131,16 +131,17 @@ def _expand_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         digest = str(getattr(artifact, "content_digest", ""))
         meta = trace.image_meta.get(digest, {})
         size = _known_size(digest) or (0, 0)
-        images.append({
-            "width": size[0],
-            "height": size[1],
-            "visual_tokens": sum(e - s + 1 for s, e in (getattr(item, "offsets", None) or ())),
-            "bytes": meta.get("bytes", 0),
-            "content_hash": meta.get("content_hash", digest[:HASH_PREFIX]),
-        })
+        images.append(
+            {
+                "width": size[0],
+                "height": size[1],
+                "visual_tokens": sum(e - s + 1 for s, e in (getattr(item, "offsets", None) or ())),
+                "bytes": meta.get("bytes", 0),
+                "content_hash": meta.get("content_hash", digest[:HASH_PREFIX]),
+            }
+        )
     trace.images = images
-    trace.add("mm.expand", t0, t1, {"images": len(images),
-                                     "visual_tokens": sum(i["visual_tokens"] for i in images)})
+    trace.add("mm.expand", t0, t1, {"images": len(images), "visual_tokens": sum(i["visual_tokens"] for i in images)})
 
 
 HOOKS: dict[str, HookSpec] = {

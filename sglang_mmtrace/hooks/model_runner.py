@@ -38,4 +38,3 @@ HOOKS: dict[str, HookSpec] = {
     "model_runner.forward": _marked("model_runner.forward", "fwd"),
     "model_runner.sample": _marked("model_runner.sample", "sample"),
 }
-

@@ -24,7 +24,9 @@ def _convert_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     if http is not None:
         # From the handler's entry: the hop onto the executor thread is part of the conversion's cost.
         start = http.t_handle if http.t_handle is not None and http.t_handle <= t0 else t0
-        http.pre_events.append(StageEvent("openai.convert", API, start, t1, attrs={"executor_wait_s": round(t0 - start, 9)}))
+        http.pre_events.append(
+            StageEvent("openai.convert", API, start, t1, attrs={"executor_wait_s": round(t0 - start, 9)})
+        )
 
 
 HOOKS: dict[str, HookSpec] = {

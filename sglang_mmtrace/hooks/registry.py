@@ -18,6 +18,17 @@ from . import (
 from .base import HookSpec
 
 HOOKS: dict[str, HookSpec] = {}
-for _module in (http_server, openai_serving, tokenizer_manager, mm_processor, transport, scheduler,
-                schedule_batch, model_runner, mm_embedding, batch_result, detokenizer):
+for _module in (
+    http_server,
+    openai_serving,
+    tokenizer_manager,
+    mm_processor,
+    transport,
+    scheduler,
+    schedule_batch,
+    model_runner,
+    mm_embedding,
+    batch_result,
+    detokenizer,
+):
     HOOKS.update(_module.HOOKS)

@@ -43,11 +43,17 @@ def _prepare_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         m0 = tr.t_match0 if tr.t_match0 is not None else t0
         m1 = tr.t_match1 if tr.t_match1 is not None else t0
         ss.emit(req.rid, "scheduler.queue", tr.t_enqueue, m0)
-        ss.emit(req.rid, "scheduler.prefix_match", m0, m1, attrs={
-            "cached_tokens": int(getattr(req, "cached_tokens", 0) or 0),
-            "prompt_tokens": len(req.origin_input_ids),
-            "image_prefix_hit": image_prefix_hit(req),
-        })
+        ss.emit(
+            req.rid,
+            "scheduler.prefix_match",
+            m0,
+            m1,
+            attrs={
+                "cached_tokens": int(getattr(req, "cached_tokens", 0) or 0),
+                "prompt_tokens": len(req.origin_input_ids),
+                "image_prefix_hit": image_prefix_hit(req),
+            },
+        )
         tr.t_match1 = m1
 
 
