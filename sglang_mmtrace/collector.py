@@ -141,6 +141,8 @@ class Collector:
         self._done[trace.rid] = None
         while len(self._done) > DONE_MEMORY:
             self._done.popitem(last=False)
+        if trace.http is not None and trace.http.internal:
+            return
         try:
             record = build_record(trace, remote, self.sglang_version, self._unix_offset)
         except Exception as exc:
@@ -190,10 +192,17 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     arrival = http.t_arrival if http is not None else trace.t_created
     events: list[StageEvent] = []
     if http is not None:
-        events.extend(http.pre_events)
+        for e in http.pre_events:
+            if e.name == "openai.convert" and trace.t_created > e.t1:
+                # Until the TokenizerManager holds the internal request: includes the executor's return hop.
+                e = StageEvent(
+                    e.name, e.process, e.t0, trace.t_created, e.clock, {**e.attrs, "converted_s": round(e.t1 - e.t0, 9)}
+                )
+            events.append(e)
         events.append(StageEvent("http.parse", API, arrival, http.t_handle or trace.t_created))
     events.extend(trace.events)
     events.extend(remote)
+    events.extend(_join_stages(trace.events, remote))
     status, error = _status(trace)
     t_first = http.t_first_body if http is not None else trace.t_first_output
     ttft = None
@@ -235,6 +244,15 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
         "attributed_s": round(attributed, 9),
         "coverage": round(cov, 6),
     }
+
+
+def _join_stages(api: list[StageEvent], remote: list[StageEvent]) -> list[StageEvent]:
+    """Stages that only the join can see: their two ends were measured in different processes."""
+    dispatch = next((e for e in api if e.name == "dispatch"), None)
+    recv = next((e for e in remote if e.name == "scheduler.recv"), None)
+    if dispatch is not None and recv is not None and recv.t0 > dispatch.t1:
+        return [StageEvent("scheduler.inbox_wait", "scheduler", dispatch.t1, recv.t0)]
+    return []
 
 
 def _trace_id(http: HttpCtx | None) -> str | None:

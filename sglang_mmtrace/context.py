@@ -16,6 +16,8 @@ from .stages import API
 
 now = time.perf_counter
 
+INTERNAL_PATHS = frozenset({"/health", "/health_generate"})
+
 
 class HttpCtx:
     """One HTTP exchange, as the ASGI middleware sees it."""
@@ -46,6 +48,7 @@ class HttpCtx:
         self.traces: list[ApiTrace] = []
         self.pre_events: list[StageEvent] = []
         self.traceparent: str | None = None
+        self.internal = path in INTERNAL_PATHS  # SGLang's own health probes: joined, never reported
 
 
 class ApiTrace:

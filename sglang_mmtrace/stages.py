@@ -69,6 +69,14 @@ _CATALOGUE: tuple[Stage, ...] = (
         "feature hand-off preparation: shared memory (cpu), IPC handles (cuda_ipc)",
         parent="dispatch",
     ),
+    Stage(
+        "scheduler.inbox_wait",
+        SCHEDULER,
+        "dispatched, waiting in the scheduler's socket while its loop is busy "
+        "(joined: API send end -> scheduler receive start)",
+        parent="request",
+        contract=False,
+    ),
     Stage("scheduler.recv", SCHEDULER, "receive, deserialize, materialize features", parent="request"),
     Stage("scheduler.queue", SCHEDULER, "waiting until admitted to a prefill batch", parent="request"),
     Stage("scheduler.prefix_match", SCHEDULER, "radix prefix match", parent="request"),
