@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .stages import ORDER, ROOT, STAGES
+from .stages import DISPLAY_ORDER, ROOT, STAGES
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
@@ -75,7 +75,7 @@ def summarize(
                     "share": statistics.median(shares[s]),
                     "n": len(v),
                 }
-                for s, v in sorted(per_stage.items(), key=lambda kv: ORDER.get(kv[0], 999))
+                for s, v in sorted(per_stage.items(), key=lambda kv: DISPLAY_ORDER.get(kv[0], 999))
             },
         }
     return out

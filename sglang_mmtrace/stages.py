@@ -62,13 +62,13 @@ _CATALOGUE: tuple[Stage, ...] = (
         gpu_timed=True,
     ),
     Stage("mm.expand", API, "placeholder expansion into visual positions, M-RoPE positions", parent="mm.process"),
-    Stage("dispatch", API, "send to the scheduler", parent="request"),
     Stage(
         "transport.prepare",
         API,
         "feature hand-off preparation: shared memory (cpu), IPC handles (cuda_ipc)",
         parent="dispatch",
     ),
+    Stage("dispatch", API, "send to the scheduler", parent="request"),
     Stage(
         "scheduler.inbox_wait",
         SCHEDULER,
@@ -144,3 +144,23 @@ def stage(name: str) -> Stage:
 
 def contract_stage_names() -> list[str]:
     return [s.name for s in _CATALOGUE if s.contract]
+
+
+def _display_order() -> dict[str, int]:
+    """Parents before their children (the catalogue keeps the contract's order instead)."""
+    children: dict[str | None, list[str]] = {}
+    for s in _CATALOGUE:
+        children.setdefault(s.parent, []).append(s.name)
+    out: list[str] = []
+
+    def walk(name: str) -> None:
+        out.append(name)
+        for child in children.get(name, ()):
+            walk(child)
+
+    for root in children.get(None, ()):
+        walk(root)
+    return {name: i for i, name in enumerate(out)}
+
+
+DISPLAY_ORDER: dict[str, int] = _display_order()

@@ -1,0 +1,53 @@
+"""The catalogue, the version manifests, the hook implementations and CONTRACT.md agree."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sglang_mmtrace.hooks.registry import HOOKS
+from sglang_mmtrace.manifest import load
+from sglang_mmtrace.package import SUPPORTED_VERSIONS
+from sglang_mmtrace.stages import STAGES, contract_stage_names
+
+CONTRACT = Path(__file__).resolve().parents[2] / "shared" / "CONTRACT.md"
+
+# Stages that need hardware or a deployment the CPU server does not have: none on 0.5.23 today.
+CPU_ONLY_ABSENT: set[str] = set()
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_manifest_hooks_have_implementations_and_known_stages(version):
+    manifest = load(version)
+    assert manifest.exact
+    for entry in manifest.hooks:
+        assert entry.hook_id in HOOKS, entry.hook_id
+        assert entry.process in {"api", "scheduler", "detokenizer"}
+        assert entry.kind in {"sync", "async", "asyncgen", "asgi"}
+        for stage in entry.stages:
+            assert stage in STAGES, (entry.hook_id, stage)
+
+
+def test_every_contract_stage_has_a_target_on_the_primary_version():
+    manifest = load("0.5.23")
+    covered = {s for e in manifest.hooks for s in e.stages}
+    missing = set(contract_stage_names()) - covered - CPU_ONLY_ABSENT
+    assert not missing
+
+
+def test_unknown_version_falls_back_to_nearest_older_manifest():
+    assert load("0.5.99").version == "0.5.23" and not load("0.5.99").exact
+    assert load("0.5.20").version == "0.5.17"
+
+
+@pytest.mark.skipif(not CONTRACT.exists(), reason="../shared/CONTRACT.md is not beside this checkout")
+def test_catalogue_matches_contract_stage_table():
+    text = CONTRACT.read_text()
+    table = text.split("## Stages", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_.]+)` \| (\w+) \|", table, flags=re.M)
+    assert rows, "stage table not found in CONTRACT.md"
+    assert [name for name, _ in rows] == contract_stage_names()
+    for name, process in rows:
+        assert STAGES[name].process == process, name

@@ -1,0 +1,127 @@
+"""patch.apply/unpatch keep what SGLang relies on: call once, results/exceptions unchanged, kinds kept."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+import types
+
+import pytest
+
+from sglang_mmtrace import telemetry
+from sglang_mmtrace.hooks.base import before, interval
+from sglang_mmtrace.patch import apply, kind_of, resolve, unpatch
+
+
+def _module() -> types.ModuleType:
+    mod = types.ModuleType("mmtrace_toy")
+
+    class Toy:
+        calls = 0
+
+        def sync(self, x, *, y=1):
+            Toy.calls += 1
+            if x == "boom":
+                raise KeyError("boom")
+            return (x, y)
+
+        async def coro(self, x):
+            Toy.calls += 1
+            await asyncio.sleep(0)
+            if x == "boom":
+                raise ValueError("boom")
+            return x * 2
+
+        @staticmethod
+        def static(x):
+            return x + 1
+
+    def free(x):
+        return x - 1
+
+    mod.Toy = Toy
+    mod.free = free
+    sys.modules[mod.__name__] = mod
+    return mod
+
+
+@pytest.fixture
+def toy():
+    mod = _module()
+    yield mod
+    sys.modules.pop(mod.__name__, None)
+
+
+def _recorder(seen: list):
+    return interval("toy", lambda st, t0, t1, inst, args, kwargs, result, exc: seen.append((t1 >= t0, result, exc)))
+
+
+def test_sync_wrapper_calls_once_and_passes_result_and_exception(toy):
+    seen: list = []
+    applied = apply("toy.sync", "mmtrace_toy.Toy.sync", _recorder(seen).make("sync"))
+    obj = toy.Toy()
+    assert obj.sync("a", y=3) == ("a", 3)
+    with pytest.raises(KeyError, match="boom"):
+        obj.sync("boom")
+    assert toy.Toy.calls == 2
+    assert seen[0] == (True, ("a", 3), None)
+    assert isinstance(seen[1][2], KeyError)
+    assert inspect.signature(toy.Toy.sync) == inspect.signature(applied.resolved.original)
+    unpatch(applied)
+    assert toy.Toy.__dict__["sync"] is applied.resolved.original
+
+
+def test_async_kind_preserved(toy):
+    seen: list = []
+    applied = apply("toy.coro", "mmtrace_toy.Toy.coro", _recorder(seen).make("async"))
+    assert inspect.iscoroutinefunction(toy.Toy.coro)
+    assert kind_of(toy.Toy.__dict__["coro"]) == "async"
+    assert asyncio.run(toy.Toy().coro(4)) == 8
+    with pytest.raises(ValueError):
+        asyncio.run(toy.Toy().coro("boom"))
+    assert [s[1] for s in seen] == [8, None] and toy.Toy.calls == 2
+    unpatch(applied)
+
+
+def test_staticmethod_descriptor_kept(toy):
+    applied = apply("toy.static", "mmtrace_toy.Toy.static", before("toy", lambda i, a, k: None).make("sync"))
+    assert isinstance(toy.Toy.__dict__["static"], object)
+    assert toy.Toy.static(1) == 2 and toy.Toy().static(1) == 2
+    unpatch(applied)
+    assert isinstance(toy.Toy.__dict__["static"], staticmethod)
+
+
+def test_module_function_rebound_where_imported_by_name(toy):
+    importer = types.ModuleType("mmtrace_toy_importer")
+    importer.free = toy.free  # `from mmtrace_toy import free`
+    sys.modules[importer.__name__] = importer
+    try:
+        seen: list = []
+        applied = apply("toy.free", "mmtrace_toy.free", _recorder(seen).make("sync"))
+        assert importer.free(5) == 4 and toy.free(5) == 4
+        assert len(seen) == 2
+        unpatch(applied)
+        assert importer.free is applied.resolved.original
+    finally:
+        sys.modules.pop(importer.__name__, None)
+
+
+def test_failing_plugin_code_is_contained_and_counted(toy):
+    def broken(st, t0, t1, inst, args, kwargs, result, exc):
+        raise RuntimeError("plugin bug")
+
+    before_count = telemetry.errors["toy.broken"]
+    applied = apply("toy.sync", "mmtrace_toy.Toy.sync", interval("toy.broken", broken).make("sync"))
+    assert toy.Toy().sync("a") == ("a", 1)
+    assert telemetry.errors["toy.broken"] == before_count + 1
+    unpatch(applied)
+
+
+def test_inherited_attribute_is_refused(toy):
+    class Child(toy.Toy):
+        pass
+
+    toy.Child = Child
+    with pytest.raises(AttributeError, match="inherited"):
+        resolve("mmtrace_toy.Child.sync")
