@@ -31,3 +31,19 @@ SGLANG_MMTRACE_GRACE_S = "SGLANG_MMTRACE_GRACE_S"
 
 SGLANG_MMTRACE_TEST_RAISE = "SGLANG_MMTRACE_TEST_RAISE"
 """Test only: comma-separated hook components (or ``all``) whose plugin code raises, to prove containment."""
+
+
+# (name, default, meaning) of every user-facing variable: the README's table is generated from this.
+DOCUMENTED: tuple[tuple[str, str, str], ...] = (
+    ("SGLANG_MMTRACE", "1", "master switch; 0 turns every part off"),
+    ("SGLANG_MMTRACE_JSONL", "unset", "append one breakdown record per finished request to this file"),
+    ("SGLANG_MMTRACE_OTLP_ENDPOINT", "unset", "OTLP span export (falls back to OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)"),
+    ("SGLANG_MMTRACE_OTLP_PROTOCOL", "http/protobuf", "grpc or http/protobuf"),
+    ("SGLANG_MMTRACE_SAMPLE", "1.0", "fraction of requests that get spans (records always count every request)"),
+    ("SGLANG_MMTRACE_METRICS", "1", "Prometheus metrics"),
+    ("SGLANG_MMTRACE_METRICS_PORT", "9464", "own metrics port when SGLang's metrics are off"),
+    ("SGLANG_MMTRACE_NVTX", "1", "NVTX ranges"),
+    ("SGLANG_MMTRACE_GPU_TIMING", "1", "time GPU stages with CUDA events, read without stalling the hot path"),
+    ("SGLANG_MMTRACE_CAPTURE_CONTENT", "0", "never put prompt text, image bytes or URLs anywhere unless 1"),
+    ("SGLANG_MMTRACE_GRACE_S", "2.0", "how long a finished request waits for late stages from other processes"),
+)
