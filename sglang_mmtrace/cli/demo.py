@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -55,9 +56,19 @@ def wait_for_records(path: str, rids: set[str], timeout: float = 30.0) -> list[d
         time.sleep(0.2)
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the server (in its own session) is stopped, not orphaned."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..harness import CpuServer
 
+    _exit_on_sigterm()
     jsonl = args.jsonl or os.path.join(tempfile.mkdtemp(prefix="mmtrace-demo-"), "records.jsonl")
     Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
     print(f"starting SGLang on the CPU (tiny Qwen3-VL, plugin on); records -> {jsonl}", flush=True)
