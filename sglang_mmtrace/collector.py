@@ -20,19 +20,20 @@ from typing import Any, Protocol
 from . import telemetry
 from .config import Config
 from .context import LIVE, ApiTrace, HttpCtx
-from .record import StageEvent, coverage, stage_dicts
+from .record import EmitContext, StageEvent, coverage, stage_dicts
 from .stages import API, ROOT
 
 logger = logging.getLogger("sglang_mmtrace")
 
 POLL_MS = 20
+HEALTH_INTERVAL_S = 1.0
 ORPHAN_TTL_S = 30.0
 DONE_MEMORY = 4096
 LAST_REMOTE_STAGES = ("scheduler.output", "detokenize")
 
 
 class Sink(Protocol):
-    def emit(self, record: dict[str, Any]) -> None: ...
+    def emit(self, record: dict[str, Any], ctx: EmitContext) -> None: ...
 
 
 def collector_address() -> str:
@@ -54,6 +55,8 @@ class Collector:
         self._peers: dict[str, dict[str, Any]] = {}
         self._records = 0
         self._unix_offset = time.time() - time.perf_counter()
+        self._last_health = 0.0
+        self.metrics_started = False
         self._thread = threading.Thread(target=self._run, name="mmtrace-collector", daemon=True)
         self._ready = threading.Event()
 
@@ -61,6 +64,10 @@ class Collector:
     def start(self) -> None:
         self._thread.start()
         self._ready.wait(5.0)
+
+    def add_sink(self, sink: Sink, first: bool = False) -> None:
+        """Sinks may arrive after start (metrics need SGLang's server args); list swaps are atomic."""
+        self.sinks = [sink, *self.sinks] if first else [*self.sinks, sink]
 
     def finish(self, trace: ApiTrace) -> None:
         """Hand a finished request over; it leaves ``LIVE`` now, whatever its status."""
@@ -95,7 +102,11 @@ class Collector:
                             break
                         self._on_message(pickle.loads(raw))
                 self._drain_finished()
-                self._flush_ready(time.perf_counter())
+                t = time.perf_counter()
+                self._flush_ready(t)
+                if t - self._last_health >= HEALTH_INTERVAL_S:
+                    self._last_health = t
+                    self._sync_health()
             except Exception as exc:  # the collector must outlive any bad message
                 telemetry.contained("collector", exc)
 
@@ -149,11 +160,34 @@ class Collector:
             telemetry.contained("record", exc)
             return
         self._records += 1
+        ctx = EmitContext(trace.http.traceparent if trace.http is not None else None, self._pids())
         for sink in self.sinks:
             try:
-                sink.emit(record)
+                sink.emit(record, ctx)
             except Exception as exc:
                 telemetry.contained(f"sink.{type(sink).__name__}", exc)
+
+    def _pids(self) -> dict[str, int]:
+        pids = {"api": os.getpid()}
+        for key in self._peers:
+            process, _, pid = key.partition(":")
+            pids.setdefault(process, int(pid))
+        return pids
+
+    def _sync_health(self) -> None:
+        from .sinks.prometheus import health_totals
+
+        totals = None
+        for sink in self.sinks:
+            sync = getattr(sink, "sync_health", None)
+            if sync is not None:
+                totals = totals or health_totals(
+                    {"errors": telemetry.errors, "dropped": telemetry.dropped}, self._peers
+                )
+                try:
+                    sync(totals)
+                except Exception as exc:
+                    telemetry.contained(f"sink.{type(sink).__name__}", exc)
 
     # -- introspection (tests, doctor) ---------------------------------------------------------
     def state(self) -> dict[str, Any]:

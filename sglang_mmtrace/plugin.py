@@ -86,6 +86,9 @@ def install(role: str | None = None) -> str | None:
 
         runtime.outbox = Outbox(address, role)
         runtime.outbox.start()
+    from . import nvtx_ranges
+
+    nvtx_ranges.setup()
     _apply_hooks(manifest, role)
     runtime.role = role
     return role
@@ -95,6 +98,13 @@ def _start_collector(cfg: config.Config, version: str) -> None:
     from .collector import Collector
 
     sinks: list[Any] = []
+    if cfg.otlp_endpoint:
+        try:
+            from .sinks.otlp import OtlpSink
+
+            sinks.append(OtlpSink(cfg.otlp_endpoint, cfg.otlp_protocol, cfg.sample))
+        except Exception as exc:  # e.g. the opentelemetry packages are not installed
+            _warn("OTLP export disabled: %r (pip install 'sglang-mmtrace[otlp]')", exc)
     if cfg.jsonl_path:
         from .sinks.jsonl import JsonlSink
 
@@ -104,6 +114,24 @@ def _start_collector(cfg: config.Config, version: str) -> None:
     runtime.collector = collector
     os.environ[ev.SGLANG_MMTRACE_COLLECTOR] = collector.address
     os.environ[ev.SGLANG_MMTRACE_COLLECTOR_OWNER] = str(os.getpid())
+
+
+def start_metrics(enable_metrics: bool) -> None:
+    """Called once SGLang's server args are known (TokenizerManager built): pick where metrics go."""
+    cfg = config.get()
+    collector = runtime.collector
+    if not cfg.metrics or collector is None or getattr(collector, "metrics_started", False):
+        return
+    collector.metrics_started = True
+    from .sinks.prometheus import PrometheusSink
+
+    # With --enable-metrics SGLang has set PROMETHEUS_MULTIPROC_DIR by now: our metrics join its
+    # /metrics. Without it, serve our own registry.
+    port = None if enable_metrics and os.environ.get("PROMETHEUS_MULTIPROC_DIR") else cfg.metrics_port
+    try:
+        collector.add_sink(PrometheusSink(port=port))
+    except Exception as exc:
+        _warn("metrics disabled: %r", exc)
 
 
 def check(entry: HookEntry) -> tuple[Any, str | None]:

@@ -24,6 +24,14 @@ class StageEvent:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class EmitContext:
+    """What sinks may need beyond the record: never written to the record itself."""
+
+    traceparent: str | None = None
+    pids: dict[str, int] = field(default_factory=dict)  # SGLang process kind -> pid
+
+
 def union_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
     """Length of the union of intervals clipped to ``[lo, hi]``."""
     clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import nvtx_ranges
 from ..telemetry import contained, maybe_inject
 
 now = time.perf_counter
@@ -18,6 +19,8 @@ now = time.perf_counter
 Wrapper = Callable[[Any, Any, tuple, dict], Any]
 Enter = Callable[[Any, tuple, dict], Any]
 Exit = Callable[[Any, float, float, Any, tuple, dict, Any, BaseException | None], None]
+Nvtx = tuple[str, Callable[[Any, tuple, dict], "str | None"]]
+"""(stage, detail(instance, args, kwargs)): push ``<stage> <detail>`` around the call; None = no range."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,27 @@ def guarded(component: str, fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
-def interval(component: str, on_exit: Exit, on_enter: Enter | None = None) -> HookSpec:
+def push_nvtx(component: str, nvtx: Nvtx | None, instance: Any, args: tuple, kwargs: dict, nested: bool = True) -> Any:
+    """Open the hook's NVTX range when a tool is attached: pushed (nested=True), else a start/end range.
+
+    Returns True / the range id when one was opened, None otherwise.
+    """
+    if nvtx is None or nvtx_ranges.domain is None:
+        return None
+    try:
+        detail = nvtx[1](instance, args, kwargs)
+        if detail is None:
+            return None
+        if nested:
+            nvtx_ranges.push(nvtx[0], detail)
+            return True
+        return nvtx_ranges.start(nvtx[0], detail)
+    except Exception as exc:
+        contained(component + ".nvtx", exc)
+        return None
+
+
+def interval(component: str, on_exit: Exit, on_enter: Enter | None = None, nvtx: Nvtx | None = None) -> HookSpec:
     """A hook that times the wrapped call and hands ``(state, t0, t1, ...)`` to ``on_exit``."""
 
     def make(kind: str) -> Wrapper:
@@ -50,6 +73,7 @@ def interval(component: str, on_exit: Exit, on_enter: Enter | None = None) -> Ho
 
             async def async_wrapper(wrapped, instance, args, kwargs):
                 st = guarded(component, on_enter, instance, args, kwargs) if on_enter else None
+                range_id = push_nvtx(component, nvtx, instance, args, kwargs, nested=False)
                 result = exc = None
                 t0 = now()
                 try:
@@ -59,13 +83,17 @@ def interval(component: str, on_exit: Exit, on_enter: Enter | None = None) -> Ho
                     exc = e
                     raise
                 finally:
-                    guarded(component, on_exit, st, t0, now(), instance, args, kwargs, result, exc)
+                    t1 = now()
+                    if range_id is not None:
+                        guarded(component, nvtx_ranges.end, range_id)
+                    guarded(component, on_exit, st, t0, t1, instance, args, kwargs, result, exc)
 
             return async_wrapper
         if kind == "sync":
 
             def sync_wrapper(wrapped, instance, args, kwargs):
                 st = guarded(component, on_enter, instance, args, kwargs) if on_enter else None
+                pushed = push_nvtx(component, nvtx, instance, args, kwargs) is not None
                 result = exc = None
                 t0 = now()
                 try:
@@ -75,7 +103,10 @@ def interval(component: str, on_exit: Exit, on_enter: Enter | None = None) -> Ho
                     exc = e
                     raise
                 finally:
-                    guarded(component, on_exit, st, t0, now(), instance, args, kwargs, result, exc)
+                    t1 = now()
+                    if pushed:
+                        guarded(component, nvtx_ranges.pop)
+                    guarded(component, on_exit, st, t0, t1, instance, args, kwargs, result, exc)
 
             return sync_wrapper
         raise ValueError(f"{component}: no interval wrapper for kind {kind!r}")
@@ -104,6 +135,18 @@ def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> Hook
         return sync_wrapper
 
     return HookSpec(component, make=make)
+
+
+def push_batch_range(component: str, stage: str, rids: tuple[str, ...]) -> bool:
+    """Push ``<stage> n=<batch> rids=...`` when a tool is attached (for the model-stage wrappers)."""
+    if nvtx_ranges.domain is None:
+        return False
+    try:
+        nvtx_ranges.push(stage, nvtx_ranges.rids_detail(rids))
+        return True
+    except Exception as exc:
+        contained(component + ".nvtx", exc)
+        return False
 
 
 def arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import nvtx_ranges
 from .. import scheduler_state as ss
 from .base import HookSpec, arg, interval
 
@@ -79,6 +80,12 @@ def _has_output(req: Any) -> bool:
     return bool(getattr(req, "output_ids", None)) or req.finished()
 
 
+def _output_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
+    batch = arg(args, kwargs, 0, "batch")
+    rids = [r.rid for r in batch.reqs if getattr(getattr(r, "_mmtrace", None), "fwd", None) is not None]
+    return nvtx_ranges.rids_detail(rids) if rids else None
+
+
 HOOKS: dict[str, HookSpec] = {
-    "batch_result.prefill": interval("batch_result.prefill", _result_exit),
+    "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=("scheduler.output", _output_detail)),
 }

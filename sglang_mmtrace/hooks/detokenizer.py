@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import nvtx_ranges
 from .. import scheduler_state as ss
 from .base import HookSpec, arg, interval
 
@@ -24,6 +25,11 @@ def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         ss.emit(first, "detokenize", t0, t1, attrs={"batch_size": n})
 
 
+def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
+    st = _enter(instance, args, kwargs)
+    return nvtx_ranges.rids_detail(st[0]) if st else None
+
+
 HOOKS: dict[str, HookSpec] = {
-    "detokenizer.handle_batch": interval("detokenizer.handle_batch", _exit, _enter),
+    "detokenizer.handle_batch": interval("detokenizer.handle_batch", _exit, _enter, nvtx=("detokenize", _detail)),
 }

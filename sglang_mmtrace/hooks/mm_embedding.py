@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import nvtx_ranges
 from .. import scheduler_state as ss
-from .base import HookSpec, Wrapper, arg, guarded
+from .base import HookSpec, Wrapper, arg, guarded, push_batch_range
 
 
 def _scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
@@ -33,6 +34,14 @@ def _scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
             ctx.needs_embed[rids[i]] = overlapping
 
 
+def _owners(ctx: ss.FwdCtx, items: Any) -> tuple[str, ...]:
+    rids: dict[str, None] = {}
+    for item in items:
+        for rid in ctx.hash_to_rids.get(getattr(item, "hash", None), ()):
+            rids[rid] = None
+    return tuple(rids)
+
+
 def _prepare_wrapper(kind: str) -> Wrapper:
     component = "mm_embedding.prepare"
 
@@ -41,11 +50,14 @@ def _prepare_wrapper(kind: str) -> Wrapper:
         if ctx is None:
             return wrapped(*args, **kwargs)
         guarded(component, _scan_batch, ctx, arg(args, kwargs, 1, "forward_batch"))
+        pushed = push_batch_range(component, "model.embed", tuple(ctx.needs_embed))
         m0 = guarded(component, ctx.clock.mark)
         try:
             return wrapped(*args, **kwargs)
         finally:
             m1 = guarded(component, ctx.clock.mark)
+            if pushed:
+                guarded(component, nvtx_ranges.pop)
             if m0 is not None and m1 is not None and ctx.embed is None:
                 ctx.embed = (m0, m1)
 
@@ -59,12 +71,15 @@ def _vit_wrapper(kind: str) -> Wrapper:
         ctx = ss.current
         if ctx is None:
             return wrapped(*args, **kwargs)
+        items = arg(args, kwargs, 0, "items") or ()
+        pushed = push_batch_range(component, "model.vision_encoder", _owners(ctx, items))
         m0 = guarded(component, ctx.clock.mark)
         try:
             return wrapped(*args, **kwargs)
         finally:
             m1 = guarded(component, ctx.clock.mark)
-            items = arg(args, kwargs, 0, "items") or ()
+            if pushed:
+                guarded(component, nvtx_ranges.pop)
             if m0 is not None and m1 is not None:
                 ctx.vit.append((m0, m1, [getattr(it, "hash", None) for it in items]))
 

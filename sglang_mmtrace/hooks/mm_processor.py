@@ -144,12 +144,25 @@ def _expand_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     trace.add("mm.expand", t0, t1, {"images": len(images), "visual_tokens": sum(i["visual_tokens"] for i in images)})
 
 
+def _traced_rid(instance: Any, args: tuple, kwargs: dict) -> str | None:
+    trace = current_trace.get()
+    return f"rid={trace.rid}" if trace is not None else None
+
+
+def _nv(stage: str) -> tuple[str, Any]:
+    return (stage, _traced_rid)
+
+
 HOOKS: dict[str, HookSpec] = {
     "mm_processor.init": interval("mm_processor.init", _init_exit),
-    "mm_processor.process": interval("mm_processor.process", _process_exit),
-    "mm_processor.load": interval("mm_processor.load", _load_exit),
-    "mm_processor.preprocess_cache": interval("mm_processor.preprocess_cache", _cache_exit),
-    "mm_processor.decode": interval("mm_processor.decode", _decode_exit),
-    "mm_processor.resize_normalize": interval("mm_processor.resize_normalize", _resize_exit),
-    "mm_processor.expand": interval("mm_processor.expand", _expand_exit),
+    "mm_processor.process": interval("mm_processor.process", _process_exit, nvtx=_nv("mm.process")),
+    "mm_processor.load": interval("mm_processor.load", _load_exit, nvtx=_nv("mm.load")),
+    "mm_processor.preprocess_cache": interval(
+        "mm_processor.preprocess_cache", _cache_exit, nvtx=_nv("mm.preprocess_cache")
+    ),
+    "mm_processor.decode": interval("mm_processor.decode", _decode_exit, nvtx=_nv("mm.decode")),
+    "mm_processor.resize_normalize": interval(
+        "mm_processor.resize_normalize", _resize_exit, nvtx=_nv("mm.resize_normalize")
+    ),
+    "mm_processor.expand": interval("mm_processor.expand", _expand_exit, nvtx=_nv("mm.expand")),
 }

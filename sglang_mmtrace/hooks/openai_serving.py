@@ -31,5 +31,7 @@ def _convert_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 
 HOOKS: dict[str, HookSpec] = {
     "openai_serving.handle_request": before("openai_serving.handle_request", _handle_request),
-    "openai_serving.convert": interval("openai_serving.convert", _convert_exit),
+    "openai_serving.convert": interval(
+        "openai_serving.convert", _convert_exit, nvtx=("openai.convert", lambda i, a, k: "")
+    ),
 }

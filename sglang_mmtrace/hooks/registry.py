@@ -5,9 +5,12 @@ from __future__ import annotations
 from . import (
     batch_result,
     detokenizer,
+    detokenizer_legacy,
     http_server,
     mm_embedding,
+    mm_embedding_legacy,
     mm_processor,
+    mm_processor_legacy,
     model_runner,
     openai_serving,
     schedule_batch,
@@ -30,5 +33,9 @@ for _module in (
     mm_embedding,
     batch_result,
     detokenizer,
+    # SGLang 0.5.17 (legacy multimodal path, embed_mm_inputs split, detokenizer bootstrap)
+    mm_processor_legacy,
+    mm_embedding_legacy,
+    detokenizer_legacy,
 ):
     HOOKS.update(_module.HOOKS)

@@ -57,7 +57,14 @@ def _prepare_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         tr.t_match1 = m1
 
 
+def _match_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
+    tr = getattr(instance, "_mmtrace", None)
+    return f"rid={instance.rid}" if tr is not None and not tr.admitted else None
+
+
 HOOKS: dict[str, HookSpec] = {
-    "schedule_batch.match": interval("schedule_batch.match", _match_exit),
+    "schedule_batch.match": interval(
+        "schedule_batch.match", _match_exit, nvtx=("scheduler.prefix_match", _match_detail)
+    ),
     "schedule_batch.prepare_for_extend": interval("schedule_batch.prepare_for_extend", _prepare_exit),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import nvtx_ranges
 from .. import scheduler_state as ss
 from .base import HookSpec, arg, interval
 
@@ -51,8 +52,15 @@ def _run_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     ss.emit(ctx.rids, "model.forward", t0, t1, attrs={"batch_size": len(batch.reqs)})
 
 
+def _forward_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
+    ctx = ss.current  # set by _run_enter, which runs before the range is pushed
+    return nvtx_ranges.rids_detail(ctx.rids) if ctx is not None else None
+
+
 HOOKS: dict[str, HookSpec] = {
     "scheduler.recv_requests": interval("scheduler.recv_requests", _recv_exit),
     "scheduler.add_to_queue": interval("scheduler.add_to_queue", _enqueue_exit),
-    "scheduler.run_batch": interval("scheduler.run_batch", _run_exit, _run_enter),
+    "scheduler.run_batch": interval(
+        "scheduler.run_batch", _run_exit, _run_enter, nvtx=("model.forward", _forward_detail)
+    ),
 }

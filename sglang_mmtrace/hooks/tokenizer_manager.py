@@ -93,10 +93,31 @@ def _abort(instance: Any, args: tuple, kwargs: dict) -> None:
             runtime.collector.finish(trace)
 
 
+def _tm_init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    if exc is None:
+        from ..plugin import start_metrics
+
+        server_args = getattr(instance, "server_args", None)
+        start_metrics(bool(getattr(server_args, "enable_metrics", False)))
+
+
+def _rid_of(index: int, name: str):
+    def detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
+        rid = getattr(arg(args, kwargs, index, name), "rid", None)
+        return f"rid={rid}" if isinstance(rid, str) and rid in LIVE else None
+
+    return detail
+
+
 HOOKS: dict[str, HookSpec] = {
+    "tokenizer_manager.init": interval("tokenizer_manager.init", _tm_init_exit),
     "tokenizer_manager.init_req_state": interval("tokenizer_manager.init_req_state", _init_exit),
-    "tokenizer_manager.tokenize": interval("tokenizer_manager.tokenize", _tokenize_exit, _enter_request),
-    "tokenizer_manager.dispatch": interval("tokenizer_manager.dispatch", _dispatch_exit, _dispatch_enter),
+    "tokenizer_manager.tokenize": interval(
+        "tokenizer_manager.tokenize", _tokenize_exit, _enter_request, nvtx=("tokenize", _rid_of(0, "obj"))
+    ),
+    "tokenizer_manager.dispatch": interval(
+        "tokenizer_manager.dispatch", _dispatch_exit, _dispatch_enter, nvtx=("dispatch", _rid_of(0, "tokenized_obj"))
+    ),
     "tokenizer_manager.batch_output": before("tokenizer_manager.batch_output", _batch_output),
     "tokenizer_manager.abort": before("tokenizer_manager.abort", _abort),
 }

@@ -54,6 +54,13 @@ def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     trace.add("transport.prepare", t0, t1, {"mode": mode, "bytes": nbytes})
 
 
+def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
+    obj = arg(args, kwargs, 0, "obj")
+    return f"rid={obj.rid}" if _items(obj) and getattr(obj, "rid", None) in LIVE else None
+
+
 HOOKS: dict[str, HookSpec] = {
-    "transport.wrap_shm_features": interval("transport.wrap_shm_features", _exit, _enter),
+    "transport.wrap_shm_features": interval(
+        "transport.wrap_shm_features", _exit, _enter, nvtx=("transport.prepare", _detail)
+    ),
 }

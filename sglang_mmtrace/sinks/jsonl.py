@@ -16,7 +16,7 @@ class JsonlSink:
         self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the process
         self._lock = threading.Lock()
 
-    def emit(self, record: dict[str, Any]) -> None:
+    def emit(self, record: dict[str, Any], ctx: Any = None) -> None:
         line = json.dumps(record, separators=(",", ":")) + "\n"
         with self._lock:
             self._fh.write(line)

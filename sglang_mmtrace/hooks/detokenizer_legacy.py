@@ -1,0 +1,67 @@
+"""Detokenizer bootstrap (api process; SGLang 0.5.17, which loads no plugins in the detokenizer).
+
+0.5.17's ``run_detokenizer_process`` never calls ``load_plugins()``, so without help the
+``detokenize`` hook is never applied there. In the main process the function handed to the
+detokenizer's ``mp.Process`` is replaced by ``functools.partial(detok_entry, original)``:
+``detok_entry`` is a module-level function, so spawn pickles it by reference; in the child it
+installs the plugin in the detokenizer role (its hooks are then in place before the
+``DetokenizerManager`` binds its handlers) and runs the original unchanged.
+
+Not hooked: ``run_detokenizer_process`` itself (``http_server.launch_server`` captured it as a
+default argument, and pickling refuses a function whose module attribute was replaced).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..telemetry import contained
+from .base import HookSpec, Wrapper, guarded
+
+_ARG = "run_detokenizer_process_func"
+_POS = 2  # (server_args, port_args, run_detokenizer_process_func)
+
+
+def detok_entry(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """Runs in the spawned detokenizer: install the plugin there, then the original entry."""
+    try:
+        from .. import plugin
+
+        plugin.install(role=plugin.DETOKENIZER)
+    except Exception as exc:  # never keep the detokenizer from starting
+        contained("detokenizer.bootstrap_legacy", exc)
+    return original(*args, **kwargs)
+
+
+def _bootstrapped(func: Any) -> Any:
+    if isinstance(func, functools.partial) and func.func is detok_entry:
+        return func
+    return functools.partial(detok_entry, func)
+
+
+def _swap(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    if _ARG in kwargs and callable(kwargs[_ARG]):
+        return args, {**kwargs, _ARG: _bootstrapped(kwargs[_ARG])}
+    if len(args) > _POS and callable(args[_POS]):
+        return (*args[:_POS], _bootstrapped(args[_POS]), *args[_POS + 1 :]), kwargs
+    return args, kwargs
+
+
+def _make(kind: str) -> Wrapper:
+    component = "detokenizer.bootstrap_legacy"
+    if kind != "sync":
+        raise ValueError(f"{component}: expected a sync target, got {kind}")
+
+    def wrapper(wrapped, instance, args, kwargs):
+        swapped = guarded(component, _swap, args, kwargs)
+        if swapped is not None:
+            args, kwargs = swapped
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+HOOKS: dict[str, HookSpec] = {
+    "detokenizer.bootstrap_legacy": HookSpec("detokenizer.bootstrap_legacy", make=_make),
+}

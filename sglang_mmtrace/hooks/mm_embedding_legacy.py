@@ -1,0 +1,80 @@
+"""Multimodal embedding in the model, legacy split (scheduler process; SGLang 0.5.17).
+
+0.5.17 has no ``prepare_mm_inputs``: ``general_mm_embed_routine`` (which receives the
+``forward_batch``) calls ``embed_mm_inputs`` (which does not) for the whole multimodal part (the
+embedding-cache lookups, the vision encoder for the misses, the host-synchronising
+``_adjust_embedding_length``, the scatter into the LM input embeddings). So the batch is scanned
+in the routine, before the original runs (it clears ``forward_batch.mm_inputs``), and
+``embed_mm_inputs`` is timed with the forward's clock (CUDA events on the current stream).
+``model.vision_encoder`` keeps its 0.5.23 hook (``get_image_feature``, same target and semantics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import scheduler_state as ss
+from .base import HookSpec, Wrapper, arg, guarded
+
+
+def _scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
+    """Which requests need image embeddings in this extend, and which rid owns which item hash."""
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is None or mode.is_decode() or mode.is_target_verify():
+        return
+    mm_inputs = getattr(forward_batch, "mm_inputs", None) or ()
+    rids = getattr(forward_batch, "rids", None) or ()
+    prefix_lens = getattr(forward_batch, "extend_prefix_lens_cpu", None) or ()
+    seq_lens = getattr(forward_batch, "extend_seq_lens_cpu", None) or ()
+    for i, mm in enumerate(mm_inputs):
+        if mm is None or i >= len(rids):
+            continue
+        lo = prefix_lens[i] if i < len(prefix_lens) else 0
+        hi = lo + (seq_lens[i] if i < len(seq_lens) else 0)
+        overlapping = 0
+        for item in getattr(mm, "mm_items", None) or ():
+            ctx.hash_to_rids.setdefault(item.hash, []).append(rids[i])
+            if any(s < hi and e >= lo for s, e in (item.offsets or ())):
+                overlapping += 1
+        if overlapping:
+            ctx.needs_embed[rids[i]] = overlapping
+
+
+def _routine_wrapper(kind: str) -> Wrapper:
+    component = "mm_embedding.routine_legacy"
+    if kind != "sync":
+        raise ValueError(f"{component}: expected a sync target, got {kind}")
+
+    def wrapper(wrapped, instance, args, kwargs):
+        ctx = ss.current
+        if ctx is not None:
+            guarded(component, _scan_batch, ctx, arg(args, kwargs, 1, "forward_batch"))
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _embed_wrapper(kind: str) -> Wrapper:
+    component = "mm_embedding.embed_legacy"
+    if kind != "sync":
+        raise ValueError(f"{component}: expected a sync target, got {kind}")
+
+    def wrapper(wrapped, instance, args, kwargs):
+        ctx = ss.current
+        if ctx is None:
+            return wrapped(*args, **kwargs)
+        m0 = guarded(component, ctx.clock.mark)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            m1 = guarded(component, ctx.clock.mark)
+            if m0 is not None and m1 is not None and ctx.embed is None:
+                ctx.embed = (m0, m1)
+
+    return wrapper
+
+
+HOOKS: dict[str, HookSpec] = {
+    "mm_embedding.routine_legacy": HookSpec("mm_embedding.routine_legacy", make=_routine_wrapper),
+    "mm_embedding.embed_legacy": HookSpec("mm_embedding.embed_legacy", make=_embed_wrapper),
+}

@@ -1,0 +1,307 @@
+"""Multimodal processor, legacy path (api process; SGLang 0.5.17): load, decode, HF processor, expand.
+
+0.5.17 has no media-artifact pipeline and no preprocess cache. Qwen-VL requests go:
+
+    EL    QwenVLImageProcessor.process_mm_data_async
+    IO      _load_single_item (classmethod)     -> load_image -> _load_image -> get_image_bytes, PIL/nvJPEG
+    PROC    process_and_combine_mm_data          (MultimodalProcessorExecutor thread)
+    PROC      process_mm_data                    the HF processor: tokenize, expand, resize, normalize
+    PROC      offsets + per-image split
+    PROC      _wrap_tensor_for_cuda_ipc          per GPU feature (cuda_ipc transport)
+    EL      tail: padded ids, M-RoPE positions
+
+IO and PROC threads get the caller's context through the executors wrapped by ``mm_processor.init``.
+A request's state lives in ``_MmReq``, held by a context variable that the IO/PROC context copies
+share by reference; per-call state on a worker thread lives in a thread-local.
+
+Stages: ``mm.load`` (base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of
+``_load_single_item``), ``mm.resize_normalize`` (``process_mm_data``; CUDA events when the fast
+processor runs on the GPU, read once they have completed, never waited for), ``mm.expand`` (two
+parts: offsets/split on PROC, padded ids/M-RoPE on EL) and ``transport.prepare`` (``cuda_ipc``:
+the pool slice copies). The TM computes no content hash on 0.5.17 (the scheduler hashes pixels),
+so ``images[].content_hash`` is empty.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from typing import Any
+
+from .. import config
+from ..context import ApiTrace, current_trace
+from .base import HookSpec, arg, guarded, interval, now
+
+_tls = threading.local()
+
+
+class _MmReq:
+    """One ``process_mm_data_async`` call (one request's images)."""
+
+    __slots__ = ("trace", "loaded", "t_combined", "gpu_pending", "lock")
+
+    def __init__(self, trace: ApiTrace) -> None:
+        self.trace = trace
+        self.loaded: dict[int, tuple[int, int, int]] = {}  # id(loaded image) -> (bytes, width, height)
+        self.t_combined: float | None = None  # process_and_combine_mm_data_async returned on the EL
+        self.gpu_pending: list[tuple[float, float, Any, Any, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+
+
+class _Combine:
+    """One ``process_and_combine_mm_data`` call on a PROC (or EL) thread."""
+
+    __slots__ = ("t_resize_end", "ipc")
+
+    def __init__(self) -> None:
+        self.t_resize_end: float | None = None
+        self.ipc: list[tuple[float, float, int, str]] = []  # (t0, t1, bytes, outcome)
+
+
+current_mm: contextvars.ContextVar[_MmReq | None] = contextvars.ContextVar("mmtrace_mm_legacy", default=None)
+
+
+def _trace() -> ApiTrace | None:
+    req = current_mm.get()
+    return req.trace if req is not None else current_trace.get()
+
+
+def _image_size(media: Any) -> tuple[int, int] | None:
+    size = getattr(media, "size", None)
+    if isinstance(size, tuple) and len(size) == 2:
+        return int(size[0]), int(size[1])
+    shape = getattr(media, "shape", None)  # CHW tensor from an nvJPEG decode
+    if shape is not None and len(shape) == 3:
+        return int(shape[2]), int(shape[1])
+    return None
+
+
+# -- request scope: QwenVLImageProcessor.process_mm_data_async --------------------------------
+
+
+def _request_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    trace = current_trace.get()
+    if trace is None or not arg(args, kwargs, 0, "image_data"):
+        return None
+    req = _MmReq(trace)
+    return req, current_mm.set(req)
+
+
+def _request_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    if st is None:
+        return
+    req, token = st
+    current_mm.reset(token)
+    _resolve_gpu(req)
+    if exc is None and req.t_combined is not None and req.t_combined <= t1:
+        req.trace.add("mm.expand", req.t_combined, t1, {"part": "padded_ids+mrope"})
+
+
+def _resolve_gpu(req: _MmReq) -> None:
+    """Emit the resize stages: GPU-timed when their end event has completed, host-timed otherwise."""
+    with req.lock:
+        pending, req.gpu_pending = req.gpu_pending, []
+    for t0, t1, ev0, ev1, attrs in pending:
+        _add_resize(req.trace, t0, t1, ev0, ev1, attrs)
+
+
+def _add_resize(trace: ApiTrace, t0: float, t1: float, ev0: Any, ev1: Any, attrs: dict[str, Any]) -> None:
+    clock = "host"
+    end = t1
+    if ev0 is not None and ev1 is not None:
+        try:
+            if ev1.query():  # never synchronize: an unfinished event leaves the stage host-timed
+                gpu_s = ev0.elapsed_time(ev1) / 1000.0
+                attrs = {**attrs, "gpu_s": round(gpu_s, 9), "host_s": round(t1 - t0, 9)}
+                end = max(t1, t0 + gpu_s)
+                clock = "cuda"
+            else:
+                attrs = {**attrs, "gpu": "pending"}
+        except Exception:
+            attrs = {**attrs, "gpu": "unreadable"}
+    trace.add("mm.resize_normalize", t0, end, attrs, clock)
+
+
+# -- IO threads: _load_single_item and get_image_bytes ----------------------------------------
+
+
+def _load_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    prev = getattr(_tls, "fetch", None)
+    _tls.fetch = []
+    return prev
+
+
+def _load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    fetched = getattr(_tls, "fetch", None) or []
+    _tls.fetch = st
+    modality = arg(args, kwargs, 1, "modality")
+    if getattr(modality, "name", None) != "IMAGE" or exc is not None or isinstance(result, dict):
+        return  # not an image, failed, or already-preprocessed input (returned as is)
+    trace = _trace()
+    if trace is None:
+        return
+    size = _image_size(result)
+    nbytes = sum(n for _, _, n in fetched)
+    decode_from = t0
+    if fetched:
+        f1 = max(b for _, b, _ in fetched)
+        trace.add("mm.load", t0, f1, {"bytes": nbytes})
+        decode_from = f1
+    attrs: dict[str, Any] = {"gpu": True} if hasattr(result, "is_cuda") and result.is_cuda else {}
+    if size is not None:
+        attrs.update(width=size[0], height=size[1])
+    trace.add("mm.decode", decode_from, t1, attrs)
+    req = current_mm.get()
+    if req is not None and size is not None:
+        req.loaded[id(result)] = (nbytes, size[0], size[1])
+
+
+def _fetch_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    fetched = getattr(_tls, "fetch", None)
+    if fetched is not None and isinstance(result, bytes | bytearray):
+        fetched.append((t0, t1, len(result)))
+
+
+# -- PROC threads: process_and_combine_mm_data, process_mm_data, _wrap_tensor_for_cuda_ipc ---------
+
+
+def _combine_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    prev = getattr(_tls, "combine", None)
+    _tls.combine = _Combine()
+    return prev
+
+
+def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    c = getattr(_tls, "combine", None)
+    _tls.combine = st
+    trace = _trace()
+    if trace is None or c is None or exc is None and not isinstance(result, tuple):
+        return
+    if c.ipc:
+        nbytes = sum(n for _, _, n, _ in c.ipc)
+        outcomes = {o for _, _, _, o in c.ipc}
+        mode = "cuda_ipc" if outcomes == {"cuda_ipc"} else "cuda_ipc+cpu_fallback"
+        trace.add(
+            "transport.prepare", c.ipc[0][0], c.ipc[-1][1], {"mode": mode, "bytes": nbytes, "tensors": len(c.ipc)}
+        )
+        trace.transport_bytes += nbytes
+        trace.transport_mode = "cuda_ipc"
+    if exc is not None or c.t_resize_end is None:
+        return
+    items = [it for it in (result[0] or ()) if getattr(getattr(it, "modality", None), "name", None) == "IMAGE"]
+    if not items:
+        return
+    expand_end = c.ipc[0][0] if c.ipc else t1
+    visual = [sum(e - s + 1 for s, e in (getattr(it, "offsets", None) or ())) for it in items]
+    trace.add(
+        "mm.expand",
+        c.t_resize_end,
+        max(c.t_resize_end, expand_end),
+        {"part": "offsets+split", "images": len(items), "visual_tokens": sum(visual)},
+    )
+    base_output = arg(args, kwargs, 0, "base_output")
+    loaded = list(getattr(base_output, "images", None) or ())
+    req = current_mm.get()
+    images = []
+    for i, tokens in enumerate(visual):
+        img = loaded[i] if i < len(loaded) else None
+        known = req.loaded.get(id(img)) if req is not None and img is not None else None
+        size = (known[1], known[2]) if known else (_image_size(img) or (0, 0))
+        images.append(
+            {
+                "width": size[0],
+                "height": size[1],
+                "visual_tokens": tokens,
+                "bytes": known[0] if known else 0,
+                "content_hash": "",  # 0.5.17 hashes pixels in the scheduler; the TM has no identity
+            }
+        )
+    trace.images = images
+
+
+def _combine_async_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    req = current_mm.get()
+    if req is not None and exc is None:
+        req.t_combined = t1
+
+
+def _resize_wrapper(kind: str):
+    component = "mm_processor.resize_normalize_legacy"
+    if kind != "sync":
+        raise ValueError(f"{component}: expected a sync target, got {kind}")
+
+    def wrapper(wrapped, instance, args, kwargs):
+        ev = guarded(component, _events_start, instance)
+        t0 = now()
+        result = exc = None
+        try:
+            result = wrapped(*args, **kwargs)
+            return result
+        except BaseException as e:
+            exc = e
+            raise
+        finally:
+            t1 = now()
+            guarded(component, _resize_done, ev, t0, t1, args, kwargs, exc)
+
+    return wrapper
+
+
+def _events_start(instance: Any) -> Any:
+    if not config.get().gpu_timing or _trace() is None:
+        return None
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    index = int(getattr(getattr(instance, "server_args", None), "base_gpu_id", 0) or 0)
+    stream = torch.cuda.current_stream(torch.device("cuda", index))
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    ev0 = torch.cuda.Event(enable_timing=True)
+    ev0.record(stream)
+    return ev0, stream
+
+
+def _resize_done(ev: Any, t0: float, t1: float, args: tuple, kwargs: dict, exc: BaseException | None) -> None:
+    c = getattr(_tls, "combine", None)
+    if c is not None:
+        c.t_resize_end = t1
+    trace = _trace()
+    if trace is None:
+        return
+    images = kwargs.get("images") if "images" in kwargs else (args[1] if len(args) > 1 else None)
+    attrs: dict[str, Any] = {"images": len(images or ())}
+    ev0 = ev1 = None
+    if ev is not None:
+        import torch
+
+        ev0, stream = ev
+        ev1 = torch.cuda.Event(enable_timing=True)
+        ev1.record(stream)
+    req = current_mm.get()
+    if ev0 is not None and req is not None and exc is None:
+        with req.lock:
+            req.gpu_pending.append((t0, t1, ev0, ev1, attrs))  # read at the end of process_mm_data_async
+    else:
+        _add_resize(trace, t0, t1, ev0, ev1, attrs)
+
+
+def _ipc_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    c = getattr(_tls, "combine", None)
+    tensor = arg(args, kwargs, 0, "tensor")
+    if c is None or exc is not None or not getattr(tensor, "is_cuda", False):
+        return  # CPU tensors pass through untouched
+    outcome = "cpu_fallback" if type(result).__name__ == "Tensor" else "cuda_ipc"  # pool full -> tensor.cpu()
+    c.ipc.append((t0, t1, int(tensor.nbytes), outcome))
+
+
+HOOKS: dict[str, HookSpec] = {
+    "mm_processor.request_legacy": interval("mm_processor.request_legacy", _request_exit, _request_enter),
+    "mm_processor.load_decode_legacy": interval("mm_processor.load_decode_legacy", _load_exit, _load_enter),
+    "mm_processor.fetch_legacy": interval("mm_processor.fetch_legacy", _fetch_exit),
+    "mm_processor.combine_legacy": interval("mm_processor.combine_legacy", _combine_exit, _combine_enter),
+    "mm_processor.combine_async_legacy": interval("mm_processor.combine_async_legacy", _combine_async_exit),
+    "mm_processor.resize_normalize_legacy": HookSpec("mm_processor.resize_normalize_legacy", make=_resize_wrapper),
+    "transport.cuda_ipc_legacy": interval("transport.cuda_ipc_legacy", _ipc_exit),
+}

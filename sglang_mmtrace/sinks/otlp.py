@@ -1,0 +1,181 @@
+"""OpenTelemetry sink: one trace per request, built from the record's measured timestamps.
+
+Spans are created in the collector thread with explicit start/end times (off the request path),
+tagged with the resource of the SGLang process that did the work (api, scheduler, detokenizer),
+and exported in batches by a background thread with a bounded queue: a slow or absent collector
+drops spans (``sglang_mmtrace_dropped_total{sink="otlp"}``) and never blocks a request.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import deque
+from typing import Any
+
+from .. import telemetry
+from ..record import EmitContext
+from ..stages import ROOT, STAGES
+
+ATTR_PREFIX = "sglang_mmtrace."
+MAX_QUEUE = 8192
+BATCH = 512
+EXPORT_INTERVAL_S = 0.2
+
+
+def make_exporter(endpoint: str, protocol: str, timeout_s: float = 5.0) -> Any:
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        target = endpoint.split("://", 1)[-1]
+        return GrpcExporter(endpoint=target, insecure=True, timeout=timeout_s)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    url = endpoint if endpoint.rstrip("/").endswith("/v1/traces") else endpoint.rstrip("/") + "/v1/traces"
+    return HttpExporter(endpoint=url, timeout=timeout_s)
+
+
+class _BoundedBatchProcessor:
+    """A SpanProcessor whose ``on_end`` never blocks: a full queue drops (and counts) spans."""
+
+    def __init__(self, exporter: Any) -> None:
+        self.exporter = exporter
+        self.queue: deque[Any] = deque()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mmtrace-otlp", daemon=True)
+        self._thread.start()
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        return None
+
+    def on_end(self, span: Any) -> None:
+        if len(self.queue) >= MAX_QUEUE:
+            telemetry.drop("otlp")
+            return
+        self.queue.append(span)
+
+    def _export_some(self) -> None:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        while self.queue:
+            batch = [self.queue.popleft() for _ in range(min(BATCH, len(self.queue)))]
+            try:
+                ok = self.exporter.export(batch) == SpanExportResult.SUCCESS
+            except Exception as exc:
+                telemetry.contained("sink.otlp.export", exc)
+                ok = False
+            if not ok:
+                telemetry.drop("otlp", len(batch))
+
+    def _run(self) -> None:
+        while not self._stop.wait(EXPORT_INTERVAL_S):
+            self._export_some()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        self._export_some()
+        return True
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._export_some()
+        self.exporter.shutdown()
+
+
+class OtlpSink:
+    def __init__(
+        self, endpoint: str, protocol: str, sample: float, service_name: str = "sglang", exporter: Any = None
+    ) -> None:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        self.sample = sample
+        self.processor = _BoundedBatchProcessor(exporter or make_exporter(endpoint, protocol))
+        self.service_name = service_name
+        self._providers: dict[tuple[str, int | None], Any] = {}
+        self._tracer_provider_cls = TracerProvider
+        self.pids: dict[str, int] = {}
+
+    def _tracer(self, process: str) -> Any:
+        pid = self.pids.get(process)
+        key = (process, pid)
+        provider = self._providers.get(key)
+        if provider is None:
+            from opentelemetry.sdk.resources import Resource
+
+            attrs: dict[str, Any] = {"service.name": self.service_name, "sglang.process": process}
+            if pid is not None:
+                attrs["process.pid"] = pid
+            provider = self._tracer_provider_cls(resource=Resource.create(attrs))
+            provider.add_span_processor(self.processor)
+            self._providers[key] = provider
+        return provider.get_tracer("sglang_mmtrace")
+
+    def emit(self, rec: dict[str, Any], ctx: EmitContext) -> None:
+        """Build the request's spans; sets ``rec["trace_id"]`` so the JSONL record points at the trace."""
+        if self.sample < 1.0 and random.random() >= self.sample:
+            return
+        from opentelemetry import trace
+        from opentelemetry.trace import Status, StatusCode
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        base_ns = int(rec["arrival_unix_s"] * 1e9)
+        self.pids = ctx.pids
+        parent_ctx = None
+        if ctx.traceparent:
+            parent_ctx = TraceContextTextMapPropagator().extract({"traceparent": ctx.traceparent})
+        stages = rec["stages"]
+        root_stage = next((s for s in stages if s["name"] == ROOT), None)
+        end_s = (
+            root_stage["dur_s"]
+            if root_stage
+            else (rec.get("e2e_s") or max((s["start_s"] + s["dur_s"] for s in stages), default=0.0))
+        )
+        root = self._tracer("api").start_span(
+            ROOT,
+            context=parent_ctx,
+            start_time=base_ns,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": rec.get("model") or "",
+                "gen_ai.usage.input_tokens": rec.get("prompt_tokens", 0),
+                "gen_ai.usage.output_tokens": rec.get("output_tokens", 0),
+                "sglang.rid": rec["rid"],
+                ATTR_PREFIX + "status": rec["status"],
+                ATTR_PREFIX + "cached_tokens": rec.get("cached_tokens", 0),
+                ATTR_PREFIX + "coverage": rec.get("coverage", 0.0),
+                ATTR_PREFIX + "ttft_s": rec.get("ttft_s") or 0.0,
+            },
+        )
+        if rec["status"] != "ok":
+            root.set_status(Status(StatusCode.ERROR, rec.get("error") or rec["status"]))
+        rec["trace_id"] = format(root.get_span_context().trace_id, "032x")
+        spans: dict[str, Any] = {ROOT: root}
+        for s in sorted(
+            (s for s in stages if s["name"] != ROOT),
+            key=lambda s: STAGES[s["name"]].depth if s["name"] in STAGES else 9,
+        ):
+            parent = _nearest_parent(s["name"], spans) or root
+            attrs = {ATTR_PREFIX + k: v for k, v in s["attrs"].items() if isinstance(v, (str, bool, int, float))}
+            attrs[ATTR_PREFIX + "clock"] = s["clock"]
+            attrs["sglang.rid"] = rec["rid"]
+            span = self._tracer(s["process"]).start_span(
+                s["name"],
+                context=trace.set_span_in_context(parent),
+                start_time=base_ns + int(s["start_s"] * 1e9),
+                attributes=attrs,
+            )
+            span.end(end_time=base_ns + int((s["start_s"] + s["dur_s"]) * 1e9))
+            spans.setdefault(s["name"], span)
+        root.end(end_time=base_ns + int(end_s * 1e9))
+
+    def close(self) -> None:
+        self.processor.shutdown()
+
+
+def _nearest_parent(name: str, spans: dict[str, Any]) -> Any:
+    stage = STAGES.get(name)
+    parent = stage.parent if stage else ROOT
+    while parent is not None:
+        if parent in spans:
+            return spans[parent]
+        parent = STAGES[parent].parent
+    return None

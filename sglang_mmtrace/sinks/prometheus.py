@@ -1,0 +1,130 @@
+"""Prometheus sink: the contract's ``sglang_mmtrace_*`` metrics, observed from finished records.
+
+Records are joined in the API process, so every metric is observed there, scheduler and detokenizer
+stages included. With ``--enable-metrics`` SGLang runs prometheus_client in multiprocess mode and
+serves ``/metrics``: the metrics are created lazily, after SGLang has set
+``PROMETHEUS_MULTIPROC_DIR``, so they land in its directory and on its endpoint. Otherwise the
+plugin serves its own registry on ``SGLANG_MMTRACE_METRICS_PORT``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from ..analysis import stage_totals
+from ..record import EmitContext
+from ..stages import STAGES
+
+PREFIX = "sglang_mmtrace_"
+STAGE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+"""One layout for every stage histogram (and TTFT), so stacked panels add up."""
+VISUAL_TOKEN_BUCKETS = (16, 64, 256, 576, 1024, 2304, 4096, 8192, 16384, 65536)
+
+METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "stage_seconds": ("histogram", ("stage", "model"), "Duration of each TTFT stage per request"),
+    "ttft_seconds": ("histogram", ("model", "modality", "prefix"), "Server-side time to first token"),
+    "ttft_unattributed_seconds": ("histogram", ("model",), "Part of TTFT no stage explains"),
+    "cache_lookups_total": ("counter", ("cache", "result"), "Preprocess, embedding and image-prefix cache lookups"),
+    "prefix_tokens_total": ("counter", ("kind",), "Prompt tokens served from the radix cache or computed"),
+    "visual_tokens": ("histogram", ("model",), "Visual tokens per image"),
+    "transport_bytes_total": ("counter", ("mode",), "Feature bytes handed to the scheduler"),
+    "requests_total": ("counter", ("model", "status"), "Finished requests"),
+    "errors_total": ("counter", ("component",), "Plugin hook or sink failures that were contained"),
+    "dropped_total": ("counter", ("sink",), "Records, spans or events dropped under back-pressure"),
+}
+"""The contract's metric table (name without prefix -> type, labels, help): dashboards read it too."""
+
+
+def prefix_label(rec: dict[str, Any]) -> str:
+    """hit / partial / miss: for image requests, whether the image itself came from the prefix cache."""
+    cached, prompt = rec.get("cached_tokens", 0), rec.get("prompt_tokens", 0)
+    if rec.get("images"):
+        return "hit" if rec["cache"]["image_prefix_hit"] else ("partial" if cached > 0 else "miss")
+    return "hit" if prompt and cached >= prompt - 1 else ("partial" if cached > 0 else "miss")
+
+
+class PrometheusSink:
+    def __init__(self, registry: Any = None, port: int | None = None) -> None:
+        import prometheus_client as pc
+
+        kinds = {"histogram": pc.Histogram, "counter": pc.Counter}
+        self.m: dict[str, Any] = {}
+        for name, (kind, labels, doc) in METRICS.items():
+            kw: dict[str, Any] = {"registry": registry} if registry is not None else {}
+            if kind == "histogram":
+                kw["buckets"] = VISUAL_TOKEN_BUCKETS if name == "visual_tokens" else STAGE_BUCKETS
+            # prometheus_client appends _total to counters itself.
+            metric_name = PREFIX + (name[: -len("_total")] if kind == "counter" else name)
+            self.m[name] = kinds[kind](metric_name, doc, labels, **kw)
+        self._health: dict[str, dict[str, float]] = {"errors": {}, "dropped": {}}
+        if port is not None:
+            pc.start_http_server(port, addr="0.0.0.0", registry=registry or pc.REGISTRY)
+
+    def emit(self, rec: dict[str, Any], ctx: EmitContext | None = None) -> None:
+        m, model = self.m, rec.get("model") or ""
+        m["requests_total"].labels(model, rec["status"]).inc()
+        ttft = rec.get("ttft_s")
+        if ttft:
+            modality = "image" if rec.get("images") else "text"
+            m["ttft_seconds"].labels(model, modality, prefix_label(rec)).observe(ttft)
+            m["ttft_unattributed_seconds"].labels(model).observe(max(0.0, ttft - rec.get("attributed_s", 0.0)))
+        for stage, dur in stage_totals(rec).items():
+            if stage in STAGES:
+                m["stage_seconds"].labels(stage, model).observe(dur)
+        for s in rec.get("stages", ()):
+            if s["name"] == "mm.preprocess_cache" and s["attrs"].get("result") in ("hit", "miss"):
+                m["cache_lookups_total"].labels("preprocess", s["attrs"]["result"]).inc()
+        if rec.get("images"):
+            if rec["cache"]["embedding"] in ("hit", "miss"):
+                m["cache_lookups_total"].labels("embedding", rec["cache"]["embedding"]).inc()
+            if rec["status"] == "ok" or rec.get("ttft_s"):
+                m["cache_lookups_total"].labels(
+                    "prefix_image", "hit" if rec["cache"]["image_prefix_hit"] else "miss"
+                ).inc()
+            for image in rec["images"]:
+                m["visual_tokens"].labels(model).observe(image["visual_tokens"])
+        if rec.get("prompt_tokens"):
+            cached = rec.get("cached_tokens", 0)
+            m["prefix_tokens_total"].labels("cached").inc(cached)
+            m["prefix_tokens_total"].labels("computed").inc(max(0, rec["prompt_tokens"] - cached))
+        transport = rec.get("transport") or {}
+        if transport.get("bytes") and transport.get("mode") not in (None, "none"):
+            m["transport_bytes_total"].labels(transport["mode"]).inc(transport["bytes"])
+
+    def sync_health(self, totals: dict[str, dict[str, float]]) -> None:
+        """Turn cumulative per-component counts (all processes) into counter increments."""
+        for kind, metric, label in (("errors", "errors_total", "component"), ("dropped", "dropped_total", "sink")):
+            seen = self._health[kind]
+            for key, value in totals.get(kind, {}).items():
+                delta = value - seen.get(key, 0)
+                if delta > 0:
+                    self.m[metric].labels(**{label: key}).inc(delta)
+                    seen[key] = value
+
+
+def health_totals(api: dict[str, Any], peers: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    totals: dict[str, dict[str, float]] = {"errors": defaultdict(float), "dropped": defaultdict(float)}
+    for source in (api, *peers.values()):
+        for kind in ("errors", "dropped"):
+            for key, value in (source.get(kind) or {}).items():
+                totals[kind][key] += value
+    return {k: dict(v) for k, v in totals.items()}
