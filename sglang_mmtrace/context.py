@@ -34,6 +34,7 @@ class HttpCtx:
         "pre_events",
         "traceparent",
         "path",
+        "internal",
     )
 
     def __init__(self, t_arrival: float, path: str) -> None:

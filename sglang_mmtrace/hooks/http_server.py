@@ -10,13 +10,17 @@ from typing import Any
 
 from .. import runtime
 from ..context import HttpCtx, current_http, now
-from ..telemetry import contained
-from .base import HookSpec
+from .base import HookSpec, guarded
 
 STATE_PATH = "/mmtrace/state"
 
 
+COMPONENT = "http_server.app"
+
+
 class MmtraceMiddleware:
+    """Times the exchange; any failure of its own falls back to calling the app untouched."""
+
     def __init__(self, app: Any) -> None:
         self.app = app
 
@@ -27,32 +31,15 @@ class MmtraceMiddleware:
         if scope.get("path") == STATE_PATH:
             await _serve_state(send)
             return
-        ctx = HttpCtx(now(), scope.get("path", ""))
-        try:
-            scope.setdefault("state", {})["mmtrace"] = ctx
-            for key, value in scope.get("headers") or ():
-                if key == b"traceparent":
-                    ctx.traceparent = value.decode("latin-1")
-        except Exception as exc:
-            contained("http.middleware", exc)
+        ctx = guarded(COMPONENT, _open, scope)
+        if ctx is None:
+            await self.app(scope, receive, send)
+            return
         token = current_http.set(ctx)
 
         async def traced_send(message: dict) -> None:
-            mtype = message.get("type")
-            if mtype == "http.response.body":
-                if ctx.t_first_body is None and message.get("body"):
-                    await send(message)
-                    ctx.t_first_body = now()
-                    if not message.get("more_body", False):
-                        ctx.t_last_body = ctx.t_first_body
-                    return
-                await send(message)
-                if not message.get("more_body", False):
-                    ctx.t_last_body = now()
-                return
-            if mtype == "http.response.start":
-                ctx.status_code = message.get("status")
             await send(message)
+            guarded(COMPONENT, _on_send, ctx, message)
 
         async def traced_receive() -> dict:
             message = await receive()
@@ -70,10 +57,29 @@ class MmtraceMiddleware:
         finally:
             current_http.reset(token)
             if ctx.traces and runtime.collector is not None:
-                try:
-                    runtime.collector.finish_http(ctx)
-                except Exception as exc:
-                    contained("http.middleware", exc)
+                guarded(COMPONENT, runtime.collector.finish_http, ctx)
+
+
+def _open(scope: dict) -> HttpCtx:
+    ctx = HttpCtx(now(), scope.get("path", ""))
+    scope.setdefault("state", {})["mmtrace"] = ctx
+    for key, value in scope.get("headers") or ():
+        if key == b"traceparent":
+            ctx.traceparent = value.decode("latin-1")
+    return ctx
+
+
+def _on_send(ctx: HttpCtx, message: dict) -> None:
+    """Called right after ``send`` returned: the bytes have been handed to the socket."""
+    mtype = message.get("type")
+    if mtype == "http.response.body":
+        t = now()
+        if ctx.t_first_body is None and message.get("body"):
+            ctx.t_first_body = t
+        if not message.get("more_body", False):
+            ctx.t_last_body = t
+    elif mtype == "http.response.start":
+        ctx.status_code = message.get("status")
 
 
 async def _serve_state(send: Any) -> None:
