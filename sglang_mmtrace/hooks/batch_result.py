@@ -67,6 +67,8 @@ def _result_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
             tr.first_token = True
             first.append(req.rid)
     for ctx in ctxs.values():
+        if ss.current is ctx:
+            ss.current = None  # do not keep the batch's requests alive while the scheduler idles
         _emit_model_stages(ctx, ctx.batch_size)
         ready = max(ctx.t1, ctx.t_sample_end or ctx.t1)
         if t0 > ready:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import nvtx_ranges
 from .. import scheduler_state as ss
-from .base import HookSpec, Wrapper, arg, guarded
+from .base import HookSpec, Wrapper, arg, guarded, push_batch_range
 
 
 def _scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
@@ -63,11 +64,14 @@ def _embed_wrapper(kind: str) -> Wrapper:
         ctx = ss.current
         if ctx is None:
             return wrapped(*args, **kwargs)
+        pushed = push_batch_range(component, "model.embed", tuple(ctx.needs_embed))
         m0 = guarded(component, ctx.clock.mark)
         try:
             return wrapped(*args, **kwargs)
         finally:
             m1 = guarded(component, ctx.clock.mark)
+            if pushed:
+                guarded(component, nvtx_ranges.pop)
             if m0 is not None and m1 is not None and ctx.embed is None:
                 ctx.embed = (m0, m1)
 

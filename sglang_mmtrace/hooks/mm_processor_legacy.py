@@ -28,9 +28,9 @@ import contextvars
 import threading
 from typing import Any
 
-from .. import config
+from .. import config, nvtx_ranges
 from ..context import ApiTrace, current_trace
-from .base import HookSpec, arg, guarded, interval, now
+from .base import HookSpec, arg, guarded, interval, now, push_nvtx
 
 _tls = threading.local()
 
@@ -74,6 +74,24 @@ def _image_size(media: Any) -> tuple[int, int] | None:
     if shape is not None and len(shape) == 3:
         return int(shape[2]), int(shape[1])
     return None
+
+
+def _traced_rid(instance: Any, args: tuple, kwargs: dict) -> str | None:
+    trace = _trace()
+    return f"rid={trace.rid}" if trace is not None else None
+
+
+def _fetch_rid(instance: Any, args: tuple, kwargs: dict) -> str | None:
+    return _traced_rid(instance, args, kwargs) if getattr(_tls, "fetch", None) is not None else None
+
+
+def _ipc_rid(instance: Any, args: tuple, kwargs: dict) -> str | None:
+    tensor = arg(args, kwargs, 0, "tensor")
+    return _traced_rid(instance, args, kwargs) if getattr(tensor, "is_cuda", False) else None
+
+
+def _nv(stage: str, detail: Any = _traced_rid) -> tuple[str, Any]:
+    return (stage, detail)
 
 
 # -- request scope: QwenVLImageProcessor.process_mm_data_async --------------------------------
@@ -232,6 +250,7 @@ def _resize_wrapper(kind: str):
 
     def wrapper(wrapped, instance, args, kwargs):
         ev = guarded(component, _events_start, instance)
+        pushed = push_nvtx(component, _nv("mm.resize_normalize"), instance, args, kwargs) is not None
         t0 = now()
         result = exc = None
         try:
@@ -242,6 +261,8 @@ def _resize_wrapper(kind: str):
             raise
         finally:
             t1 = now()
+            if pushed:
+                guarded(component, nvtx_ranges.pop)
             guarded(component, _resize_done, ev, t0, t1, args, kwargs, exc)
 
     return wrapper
@@ -298,10 +319,14 @@ def _ipc_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 
 HOOKS: dict[str, HookSpec] = {
     "mm_processor.request_legacy": interval("mm_processor.request_legacy", _request_exit, _request_enter),
-    "mm_processor.load_decode_legacy": interval("mm_processor.load_decode_legacy", _load_exit, _load_enter),
-    "mm_processor.fetch_legacy": interval("mm_processor.fetch_legacy", _fetch_exit),
+    "mm_processor.load_decode_legacy": interval(
+        "mm_processor.load_decode_legacy", _load_exit, _load_enter, nvtx=_nv("mm.decode")
+    ),
+    "mm_processor.fetch_legacy": interval("mm_processor.fetch_legacy", _fetch_exit, nvtx=_nv("mm.load", _fetch_rid)),
     "mm_processor.combine_legacy": interval("mm_processor.combine_legacy", _combine_exit, _combine_enter),
     "mm_processor.combine_async_legacy": interval("mm_processor.combine_async_legacy", _combine_async_exit),
     "mm_processor.resize_normalize_legacy": HookSpec("mm_processor.resize_normalize_legacy", make=_resize_wrapper),
-    "transport.cuda_ipc_legacy": interval("transport.cuda_ipc_legacy", _ipc_exit),
+    "transport.cuda_ipc_legacy": interval(
+        "transport.cuda_ipc_legacy", _ipc_exit, nvtx=_nv("transport.prepare", _ipc_rid)
+    ),
 }
