@@ -160,7 +160,8 @@ class Collector:
             telemetry.contained("record", exc)
             return
         self._records += 1
-        ctx = EmitContext(trace.http.traceparent if trace.http is not None else None, self._pids())
+        parent = trace.sglang_traceparent or (trace.http.traceparent if trace.http is not None else None)
+        ctx = EmitContext(parent, self._pids())
         for sink in self.sinks:
             try:
                 sink.emit(record, ctx)

@@ -76,6 +76,7 @@ class ApiTrace:
         "finish_reason",
         "tm_error",
         "closed",
+        "sglang_traceparent",
     )
 
     def __init__(self, rid: str, http: HttpCtx | None, model: str, t_created: float) -> None:
@@ -99,6 +100,7 @@ class ApiTrace:
         self.finish_reason: Any = None
         self.tm_error: str | None = None
         self.closed = False
+        self.sglang_traceparent: str | None = None  # SGLang's own root span, when --enable-trace is on
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
         self.events.append(StageEvent(name, API, t0, t1, clock, attrs or {}))

@@ -20,8 +20,22 @@ def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         if rid is None or rid in LIVE:
             continue
         trace = ApiTrace(rid, http, model, t1)
+        trace.sglang_traceparent = _sglang_traceparent(instance, rid)
         LIVE[rid] = trace
         http.traces.append(trace)
+
+
+def _sglang_traceparent(instance: Any, rid: str) -> str | None:
+    """With SGLang's --enable-trace on, our spans join its trace under its root span."""
+    state = getattr(instance, "rid_to_state", {}).get(rid)
+    trace_ctx = getattr(getattr(state, "time_stats", None), "trace_ctx", None)
+    if not getattr(trace_ctx, "tracing_enable", False) or getattr(trace_ctx, "root_span_context", None) is None:
+        return None
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace_ctx.root_span_context)
+    return carrier.get("traceparent")
 
 
 def _enter_request(instance: Any, args: tuple, kwargs: dict) -> Any:
