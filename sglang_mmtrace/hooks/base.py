@@ -73,7 +73,11 @@ def interval(component: str, on_exit: Exit, on_enter: Enter | None = None, nvtx:
 
             async def async_wrapper(wrapped, instance, args, kwargs):
                 st = guarded(component, on_enter, instance, args, kwargs) if on_enter else None
-                range_id = push_nvtx(component, nvtx, instance, args, kwargs, nested=False)
+                range_id = (
+                    push_nvtx(component, nvtx, instance, args, kwargs, nested=False)
+                    if nvtx is not None and nvtx_ranges.domain is not None
+                    else None
+                )
                 result = exc = None
                 t0 = now()
                 try:
@@ -93,7 +97,11 @@ def interval(component: str, on_exit: Exit, on_enter: Enter | None = None, nvtx:
 
             def sync_wrapper(wrapped, instance, args, kwargs):
                 st = guarded(component, on_enter, instance, args, kwargs) if on_enter else None
-                pushed = push_nvtx(component, nvtx, instance, args, kwargs) is not None
+                pushed = (
+                    nvtx is not None
+                    and nvtx_ranges.domain is not None
+                    and push_nvtx(component, nvtx, instance, args, kwargs) is not None
+                )
                 result = exc = None
                 t0 = now()
                 try:

@@ -16,6 +16,7 @@ from . import (
     schedule_batch,
     scheduler,
     tokenizer_manager,
+    tokenizer_manager_legacy,
     transport,
 )
 from .base import HookSpec
@@ -33,7 +34,8 @@ for _module in (
     mm_embedding,
     batch_result,
     detokenizer,
-    # SGLang 0.5.17 (legacy multimodal path, embed_mm_inputs split, detokenizer bootstrap)
+    # SGLang 0.5.17 (abort semantics, legacy multimodal path, embed_mm_inputs split, detokenizer bootstrap)
+    tokenizer_manager_legacy,
     mm_processor_legacy,
     mm_embedding_legacy,
     detokenizer_legacy,
