@@ -134,17 +134,23 @@ class Collector:
         keep = []
         for deadline, trace in self._waiting:
             remote = self._remote.get(trace.rid, ())
-            complete = not trace.dispatched or all(any(e.name == n for e in remote) for n in LAST_REMOTE_STAGES)
+            complete = not trace.dispatched or all(any(e.name == n for e in remote) for n in self._last_stages())
             if complete or t >= deadline:
                 self._emit(trace)
             else:
                 keep.append((deadline, trace))
         self._waiting = keep
         for rid, seen in list(self._remote_seen.items()):
-            if t - seen > ORPHAN_TTL_S:
+            if t - seen > ORPHAN_TTL_S and rid not in LIVE:  # a live request may be slow (cold JIT)
                 self._remote_seen.pop(rid, None)
                 if self._remote.pop(rid, None) is not None:
                     telemetry.drop("orphan_events")
+
+    def _last_stages(self) -> tuple[str, ...]:
+        """The last stages a request waits for: ``detokenize`` only once a detokenizer has reported."""
+        if any(key.startswith("detokenizer:") for key in self._peers):
+            return LAST_REMOTE_STAGES
+        return LAST_REMOTE_STAGES[:1]
 
     def _emit(self, trace: ApiTrace) -> None:
         remote = self._remote.pop(trace.rid, [])

@@ -16,7 +16,6 @@ from . import (
     schedule_batch,
     scheduler,
     tokenizer_manager,
-    tokenizer_manager_legacy,
     transport,
 )
 from .base import HookSpec
@@ -34,8 +33,7 @@ for _module in (
     mm_embedding,
     batch_result,
     detokenizer,
-    # SGLang 0.5.17 (abort semantics, legacy multimodal path, embed_mm_inputs split, detokenizer bootstrap)
-    tokenizer_manager_legacy,
+    # SGLang 0.5.17 (legacy multimodal path, embed_mm_inputs split, detokenizer bootstrap)
     mm_processor_legacy,
     mm_embedding_legacy,
     detokenizer_legacy,

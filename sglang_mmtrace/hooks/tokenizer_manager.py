@@ -100,6 +100,8 @@ def _item(obj: Any, name: str, i: int, default: Any) -> Any:
 
 def _abort(instance: Any, args: tuple, kwargs: dict) -> None:
     rid = arg(args, kwargs, 0, "rid")
+    if rid not in getattr(instance, "rid_to_state", {rid: None}):
+        return  # a cleanup abort of a finished request (0.5.17 sends one after every stream): not an abort
     trace = LIVE.get(rid) if rid else None
     if trace is not None and trace.tm_error is None:
         trace.tm_error = "aborted"
