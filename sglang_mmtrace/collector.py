@@ -25,7 +25,7 @@ from .stages import API, ROOT
 
 logger = logging.getLogger("sglang_mmtrace")
 
-POLL_MS = 20
+POLL_MS = 50
 HEALTH_INTERVAL_S = 1.0
 ORPHAN_TTL_S = 30.0
 DONE_MEMORY = 4096

@@ -1,6 +1,6 @@
 """Ship stage events from a scheduler or detokenizer process to the API process's collector.
 
-The hot path only appends a tuple to a deque. A daemon thread drains it every few milliseconds and
+The hot path only appends a tuple to a deque. A daemon thread drains it every 50 ms and
 sends one non-blocking ZMQ message; when the collector is slow or gone, messages are dropped and
 counted, never waited for.
 """
@@ -16,7 +16,8 @@ from typing import Any
 
 from . import telemetry
 
-FLUSH_INTERVAL_S = 0.005
+FLUSH_INTERVAL_S = 0.05
+"""Long enough that waking this thread (and taking the GIL from the scheduler loop) is rare."""
 HEARTBEAT_INTERVAL_S = 0.5
 
 Event = tuple[Any, str, float, float, str, dict[str, Any]]

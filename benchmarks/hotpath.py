@@ -1,0 +1,978 @@
+"""Hot-path microbenchmark: the plugin's own cost per request and per decode step, per process.
+
+No SGLang server is started. Each SGLang target the plugin hooks is replaced by a stand-in of the
+same shape (same method names, the arguments and results the hooks read), and the *real* hook
+wrappers are built with ``registry.HOOKS[hook_id].make(kind)`` and applied with wrapt, exactly as
+``patch.apply`` does (``wrapt.wrap_function_wrapper`` on a class / ``FunctionWrapper`` for module
+functions). The API request runs through the real ASGI ``MmtraceMiddleware``.
+
+Two arms per measurement, built from the same stand-ins: ``plain`` (no plugin) and ``traced``
+(plugin wrappers applied, plugin runtime live). Samples are interleaved one by one, in random order
+per repetition, and timed with ``time.perf_counter_ns``; the reported *extra* cost is
+``quantile(traced) - quantile(plain)`` at the median and at p90, plus the median of paired
+differences with a bootstrap 95% interval. Stand-ins do no work, so the plain arm is the floor of
+the call chain itself and the extra is the plugin's cost alone.
+
+Each process kind runs in its own child interpreter so its runtime is set up as in SGLang:
+- api: a real ``Collector`` (no sinks) started on its ZMQ address; remote stage events for the
+  traced rids are pushed to it between blocks (outside the timed region), as an outbox would, so
+  records complete and the collector thread does its real join work concurrently;
+- scheduler / detokenizer: a real ``Outbox`` connected to a bound ZMQ PULL socket, so appends and
+  the shipping thread are real.
+The plugin's background threads (collector, outbox) are also measured: their CPU time per traced
+request, from the thread CPU clocks, minus their idle rate.
+
+    python -m benchmarks.hotpath                 # all processes, writes results/hotpath.json
+    python -m benchmarks.hotpath --reps 5000     # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import gc
+import json
+import os
+import pickle
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from time import perf_counter_ns
+from types import SimpleNamespace as NS
+from typing import Any
+
+import numpy as np
+import wrapt
+
+from ._common import RESULTS, bootstrap_median_ci, machine, quantile
+
+DEFAULT_REPS = 20000
+DEFAULT_WARMUP = 2000
+DEFAULT_STEPS = 8  # output steps per request (the TTFT A/B benchmark asks for max_tokens=8)
+STEP_BLOCK = 20  # decode-step samples time a block of this many steps (one step is ~1 µs)
+DEFAULT_STEP_REPS = 10000
+
+
+# ---------------------------------------------------------------------------------------------
+# measurement
+
+
+def hooks() -> dict[str, Any]:
+    from sglang_mmtrace.hooks.registry import HOOKS
+
+    return HOOKS
+
+
+def wrap_method(cls: type, attr: str, hook_id: str, kind: str) -> None:
+    """What ``patch.apply`` does to a class attribute, on a stand-in class."""
+    wrapt.wrap_function_wrapper(cls, attr, hooks()[hook_id].make(kind))
+
+
+def wrap_function(fn: Callable[..., Any], hook_id: str, kind: str) -> Callable[..., Any]:
+    """What ``patch.apply`` rebinds a module-level function to."""
+    return wrapt.FunctionWrapper(fn, hooks()[hook_id].make(kind))
+
+
+Arm = Callable[[], Callable[[], Any]]
+"""Called untimed to set one sample up; returns the zero-argument call that is timed."""
+
+
+def interleave(
+    arms: dict[str, Arm],
+    reps: int,
+    warmup: int,
+    seed: int,
+    divisor: int = 1,
+    after_block: Callable[[], None] | None = None,
+    block: int = 256,
+) -> dict[str, list[float]]:
+    """Time ``plain`` and ``traced`` one sample each per repetition, in random order; ns per unit."""
+    rng = random.Random(seed)
+    names = ["plain", "traced"]
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(warmup + reps):
+        order = names if rng.random() < 0.5 else names[::-1]
+        for name in order:
+            call = arms[name]()
+            t0 = perf_counter_ns()
+            call()
+            t1 = perf_counter_ns()
+            if i >= warmup:
+                out[name].append((t1 - t0) / divisor)
+        if after_block is not None and (i + 1) % block == 0:
+            after_block()
+    if after_block is not None:
+        after_block()
+    return out
+
+
+def summarize(samples: dict[str, list[float]], unit: str) -> dict[str, Any]:
+    p = np.asarray(samples["plain"]) / 1000.0  # ns -> µs
+    t = np.asarray(samples["traced"]) / 1000.0
+    diff = t - p
+    lo, hi = bootstrap_median_ci(diff, n_boot=1000)
+    return {
+        "unit": unit,
+        "n": int(p.size),
+        "plain_median_us": round(quantile(p, 0.5), 3),
+        "plain_p90_us": round(quantile(p, 0.9), 3),
+        "traced_median_us": round(quantile(t, 0.5), 3),
+        "traced_p90_us": round(quantile(t, 0.9), 3),
+        "extra_median_us": round(quantile(t, 0.5) - quantile(p, 0.5), 3),
+        "extra_p90_us": round(quantile(t, 0.9) - quantile(p, 0.9), 3),
+        "paired_diff_median_us": round(float(np.median(diff)), 3),
+        "paired_diff_median_ci95_us": [round(lo, 3), round(hi, 3)],
+    }
+
+
+def thread_cpu_s(thread: threading.Thread | None) -> float:
+    if thread is None or thread.ident is None:
+        return 0.0
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+class BackgroundMeter:
+    """CPU time a plugin thread spends per traced request, net of what it burns when idle."""
+
+    def __init__(self, thread: threading.Thread | None, idle_s: float = 1.0) -> None:
+        self.thread = thread
+        c0, w0 = thread_cpu_s(thread), time.perf_counter()
+        time.sleep(idle_s)
+        self.idle_rate = (thread_cpu_s(thread) - c0) / (time.perf_counter() - w0)  # cpu s per wall s
+        self.c0 = self.w0 = 0.0
+
+    def start(self) -> None:
+        self.c0, self.w0 = thread_cpu_s(self.thread), time.perf_counter()
+
+    def stop(self, traced_requests: int) -> dict[str, Any]:
+        cpu = thread_cpu_s(self.thread) - self.c0
+        wall = time.perf_counter() - self.w0
+        net = max(0.0, cpu - self.idle_rate * wall)
+        return {
+            "thread": self.thread.name if self.thread else None,
+            "idle_cpu_us_per_s": round(self.idle_rate * 1e6, 1),
+            "cpu_us_per_traced_request": round(net / max(1, traced_requests) * 1e6, 3),
+            "window_wall_s": round(wall, 3),
+            "window_cpu_s": round(cpu, 4),
+        }
+
+
+def drive(coro: Any) -> Any:
+    """Run a coroutine that never suspends (every stand-in awaitable returns at once)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("stand-in coroutine suspended")
+
+
+def rid() -> str:
+    return uuid.uuid4().hex  # SGLang's rid is a uuid4 hex
+
+
+# ---------------------------------------------------------------------------------------------
+# stand-ins: SGLang-shaped objects carrying the fields the hooks read
+
+
+class Tensor:
+    """A feature tensor as the transport hook sees it (type name and ``nbytes``)."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+class ShmPointerMMData:
+    """Name-matched stand-in of SGLang's SHM pointer (the transport mode is read from the type name)."""
+
+    __slots__ = ()
+
+
+class Done:
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    def result(self) -> Any:
+        return self._value
+
+
+IMAGE_TOKENS = 256  # 512x512 on Qwen3-VL
+PROMPT_TOKENS = 300
+SNAPSHOT = NS(content_digest="sha256:" + "ab" * 32, size_bytes=180_000, source="data_url")
+DECODED = NS(size=(512, 512))
+ARTIFACTS = [NS(content_digest=SNAPSHOT.content_digest)]
+ENTRIES = [NS(content_digest=SNAPSHOT.content_digest)]
+MM_OUTPUT = NS(mm_items=[NS(offsets=[(15, 15 + IMAGE_TOKENS - 1)])])
+SHM = ShmPointerMMData()
+FEATURE_BYTES = IMAGE_TOKENS * 4 * 1536 * 4  # pixel values of a 512x512 image, fp32
+
+
+# ---------------------------------------------------------------------------------------------
+# API process
+
+
+def build_api(traced: bool, steps: int) -> Callable[[bool], Callable[[], Any]]:
+    """One arm of the API process; returns ``sample(image) -> timed call``."""
+
+    class Executor:  # SGLang's sglang-mm-io pool, run inline
+        def submit(self, fn, /, *args, **kwargs):
+            return Done(fn(*args, **kwargs))
+
+    class Processor:  # QwenVLImageProcessor / MediaArtifactCacheMixin / BaseMultimodalProcessor
+        def __init__(self) -> None:
+            self.io_executor = Executor()
+            self.mm_processor_executor = None
+
+        def snapshot_media_source(self, source, modality):
+            return SNAPSHOT
+
+        def _get_cached_artifact(self, key, content_digest, modality):
+            return None  # new image: a preprocess-cache miss, every stage runs
+
+        def decode_media_snapshot(self, snapshot, modality):
+            return DECODED
+
+        def prepare_artifact_batch(self, entries, *, processor=None):
+            return ARTIFACTS
+
+        def compose_image_artifacts(self, input_text, artifacts):
+            return MM_OUTPUT
+
+        async def process_mm_data_async(self, image_data, input_text, request_obj, *args, **kwargs):
+            snap = self.io_executor.submit(self.snapshot_media_source, image_data[0], "image").result()
+            arts = self._get_cached_artifact("key", snap.content_digest, "image")
+            if arts is None:
+                self.io_executor.submit(self.decode_media_snapshot, snap, "image").result()
+                arts = self.prepare_artifact_batch(ENTRIES)
+            return self.compose_image_artifacts(input_text, arts)
+
+    def wrap_shm_features(obj):  # mm_utils.wrap_shm_features: features become SHM pointers
+        if obj.mm_inputs:
+            for item in obj.mm_inputs.mm_items:
+                item.feature = SHM
+        return obj
+
+    class TokenizerManager:
+        served_model_name = "tiny-qwen3vl"
+
+        def __init__(self) -> None:
+            self.mm_processor = Processor()
+
+        def _init_req_state(self, obj, request=None):
+            return None
+
+        async def _tokenize_one_request(self, obj):
+            mm = None
+            if obj.image_data:
+                await self.mm_processor.process_mm_data_async(obj.image_data, obj.text, obj)
+                mm = NS(mm_items=[NS(feature=Tensor(FEATURE_BYTES), offsets=MM_OUTPUT.mm_items[0].offsets)])
+            return NS(rid=obj.rid, mm_inputs=mm)
+
+        async def _send_one_request(self, tokenized_obj):
+            wrap_shm(tokenized_obj)
+
+        async def _handle_batch_output(self, recv_obj):
+            return None
+
+    class OpenAIServingChat:
+        def __init__(self, tm: TokenizerManager) -> None:
+            self.tm = tm
+
+        def _convert_to_internal_request(self, request, raw_request):
+            return request.adapted, request
+
+        async def handle_request(self, request, raw_request):
+            tm = self.tm
+            adapted, _ = self._convert_to_internal_request(request, raw_request)
+            tm._init_req_state(adapted, request)
+            tokenized = await tm._tokenize_one_request(adapted)
+            await tm._send_one_request(tokenized)
+            send = raw_request.send
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+            )
+            for recv_obj in request.outputs:
+                await tm._handle_batch_output(recv_obj)
+                await send({"type": "http.response.body", "body": b'data: {"choices":[]}\n\n', "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    wrap_shm = wrap_shm_features
+    if traced:
+        for attr, hid in (
+            ("__init__", "mm_processor.init"),
+            ("snapshot_media_source", "mm_processor.load"),
+            ("_get_cached_artifact", "mm_processor.preprocess_cache"),
+            ("decode_media_snapshot", "mm_processor.decode"),
+            ("prepare_artifact_batch", "mm_processor.resize_normalize"),
+            ("compose_image_artifacts", "mm_processor.expand"),
+        ):
+            wrap_method(Processor, attr, hid, "sync")
+        wrap_method(Processor, "process_mm_data_async", "mm_processor.process", "async")
+        wrap_method(TokenizerManager, "_init_req_state", "tokenizer_manager.init_req_state", "sync")
+        wrap_method(TokenizerManager, "_tokenize_one_request", "tokenizer_manager.tokenize", "async")
+        wrap_method(TokenizerManager, "_send_one_request", "tokenizer_manager.dispatch", "async")
+        wrap_method(TokenizerManager, "_handle_batch_output", "tokenizer_manager.batch_output", "async")
+        wrap_method(OpenAIServingChat, "_convert_to_internal_request", "openai_serving.convert", "sync")
+        wrap_method(OpenAIServingChat, "handle_request", "openai_serving.handle_request", "async")
+        wrap_shm = wrap_function(wrap_shm_features, "transport.wrap_shm_features", "sync")
+
+    serving = OpenAIServingChat(TokenizerManager())  # built once per process, like SGLang's
+    body = {"type": "http.request", "body": b'{"model":"default","stream":true}', "more_body": False}
+
+    async def receive():
+        return body
+
+    async def send(message):
+        return None
+
+    async def app(scope, receive, send):  # the FastAPI route: read the body, call the handler
+        await receive()
+        await serving.handle_request(scope["_request"], NS(scope=scope, send=send))
+
+    entry: Any = app
+    if traced:
+        from sglang_mmtrace.hooks.http_server import MmtraceMiddleware
+
+        entry = MmtraceMiddleware(app)
+
+    def sample(image: bool) -> Callable[[], Any]:
+        r = rid()
+        adapted = NS(
+            rid=r,
+            text="<|vision_start|><|image_pad|><|vision_end|>Describe.",
+            image_data=["data:..."] if image else None,
+        )
+        outputs = [
+            NS(
+                rids=[r],
+                finished_reasons=[None if i < steps - 1 else {"type": "length", "length": steps}],
+                completion_tokens=[i + 1],
+                prompt_tokens=[PROMPT_TOKENS],
+                cached_tokens=[0],
+            )
+            for i in range(steps)
+        ]
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": [
+                (b"host", b"127.0.0.1"),
+                (b"content-type", b"application/json"),
+                (b"accept", b"text/event-stream"),
+            ],
+            "_request": NS(adapted=adapted, outputs=outputs),
+        }
+        ctx = contextvars.copy_context()  # each asyncio task runs in its own context copy
+
+        def call() -> Any:
+            return ctx.run(drive, entry(scope, receive, send))
+
+        call.rid = r  # type: ignore[attr-defined]
+        return call
+
+    return sample
+
+
+def build_api_decode(traced: bool, n: int) -> Callable[[], Callable[[], Any]]:
+    """``_handle_batch_output`` with ``n`` rids, all live and past their first output (steady decode)."""
+    from sglang_mmtrace.context import LIVE, ApiTrace, HttpCtx
+
+    class TokenizerManager:
+        async def _handle_batch_output(self, recv_obj):
+            return None
+
+    if traced:
+        wrap_method(TokenizerManager, "_handle_batch_output", "tokenizer_manager.batch_output", "async")
+    tm = TokenizerManager()
+    rids = [rid() for _ in range(n)]
+    if traced:
+        http = HttpCtx(time.perf_counter(), "/v1/chat/completions")
+        for r in rids:
+            tr = ApiTrace(r, http, "tiny", time.perf_counter())
+            tr.t_first_output = time.perf_counter()
+            LIVE[r] = tr
+    recv_obj = NS(
+        rids=rids,
+        finished_reasons=[None] * n,
+        completion_tokens=[3] * n,
+        prompt_tokens=[PROMPT_TOKENS] * n,
+        cached_tokens=[0] * n,
+    )
+
+    def sample() -> Callable[[], Any]:
+        def call() -> None:
+            h = tm._handle_batch_output
+            for _ in range(STEP_BLOCK):
+                drive(h(recv_obj))
+
+        return call
+
+    return sample
+
+
+def build_sse_chunks(traced: bool, chunks: int) -> Callable[[], Callable[[], Any]]:
+    """An HTTP exchange that streams ``chunks`` body messages, with and without the middleware."""
+    body = {"type": "http.request", "body": b"{}", "more_body": False}
+    start = {"type": "http.response.start", "status": 200, "headers": []}
+    chunk = {"type": "http.response.body", "body": b'data: {"choices":[]}\n\n', "more_body": True}
+    last = {"type": "http.response.body", "body": b"", "more_body": False}
+
+    async def receive():
+        return body
+
+    async def send(message):
+        return None
+
+    async def app(scope, receive, send):
+        await receive()
+        await send(start)
+        for _ in range(chunks):
+            await send(chunk)
+        await send(last)
+
+    entry: Any = app
+    if traced:
+        from sglang_mmtrace.hooks.http_server import MmtraceMiddleware
+
+        entry = MmtraceMiddleware(app)
+
+    def sample() -> Callable[[], Any]:
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [(b"host", b"x")]}
+        ctx = contextvars.copy_context()
+        return lambda: ctx.run(drive, entry(scope, receive, send))
+
+    return sample
+
+
+def run_api(args: argparse.Namespace) -> dict[str, Any]:
+    import zmq
+
+    from sglang_mmtrace import config, runtime, telemetry
+    from sglang_mmtrace.collector import Collector
+    from sglang_mmtrace.context import LIVE
+
+    cfg = config.get()
+    collector = Collector(cfg, [], "0.5.23")  # no sinks: finish() and the join run, nothing is written
+    collector.start()
+    runtime.collector = collector
+    runtime.role = "api"
+
+    # Remote stages of each traced rid, as the scheduler/detokenizer outboxes would send them.
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 100000)
+    push.connect(collector.address)
+    pending: list[str] = []
+    remote_names = (
+        "scheduler.recv",
+        "scheduler.queue",
+        "scheduler.prefix_match",
+        "scheduler.batch",
+        "model.forward",
+        "model.vision_encoder",
+        "model.embed",
+        "model.prefill",
+        "model.sample",
+        "scheduler.output",
+    )
+
+    def flush_remote() -> None:
+        if not pending:
+            return
+        t = time.perf_counter()
+        sched = [(r, name, t, t, "host", {"batch_size": 1}) for r in pending for name in remote_names]
+        detok = [(r, "detokenize", t, t, "host", {"batch_size": 1}) for r in pending]
+        push.send(pickle.dumps(("ev", "scheduler", 1, sched), protocol=pickle.HIGHEST_PROTOCOL))
+        push.send(pickle.dumps(("ev", "detokenizer", 2, detok), protocol=pickle.HIGHEST_PROTOCOL))
+        pending.clear()
+
+    plain, traced = build_api(False, args.steps), build_api(True, args.steps)
+    meter = BackgroundMeter(collector._thread)
+    results: dict[str, Any] = {}
+    traced_requests = 0
+    records_before = collector._records
+    meter.start()
+    for kind, image in (("image_request", True), ("text_request", False)):
+
+        def traced_arm(image: bool = image) -> Callable[[], Any]:
+            call = traced(image)
+            pending.append(call.rid)  # type: ignore[attr-defined]
+            return call
+
+        samples = interleave(
+            {"plain": lambda image=image: plain(image), "traced": traced_arm},
+            args.reps,
+            args.warmup,
+            seed=1,
+            after_block=flush_remote,
+        )
+        traced_requests += args.reps + args.warmup
+        results[kind] = summarize(samples, f"µs per request ({args.steps} output steps)")
+    background = meter.stop(traced_requests)
+    deadline = time.time() + 10
+    while collector._records - records_before < traced_requests and time.time() < deadline:
+        time.sleep(0.05)
+    checks = {
+        "traced_requests": traced_requests,
+        "records_built": collector._records - records_before,
+        "live_left": len(LIVE),
+        "contained_errors": dict(telemetry.errors),
+        "dropped": dict(telemetry.dropped),
+    }
+
+    steps: dict[str, Any] = {}
+    for n in args.batch_sizes:
+        samples = interleave(
+            {"plain": build_api_decode(False, n), "traced": build_api_decode(True, n)},
+            args.step_reps,
+            args.step_reps // 10,
+            seed=2,
+            divisor=STEP_BLOCK,
+        )
+        steps[f"batch_output_{n}_rids"] = summarize(samples, f"µs per decode step (_handle_batch_output, {n} rids)")
+    LIVE.clear()
+    sse = interleave(
+        {"plain": build_sse_chunks(False, 200), "traced": build_sse_chunks(True, 200)},
+        args.step_reps,
+        args.step_reps // 10,
+        seed=3,
+        divisor=200,
+    )
+    steps["middleware_per_sse_chunk"] = summarize(
+        sse, "µs per SSE body chunk (200-chunk response, fixed cost amortized)"
+    )
+    return {"per_request": results, "per_decode_step": steps, "background": background, "checks": checks}
+
+
+# ---------------------------------------------------------------------------------------------
+# scheduler process
+
+
+class Mode:
+    __slots__ = ("extend",)
+
+    def __init__(self, extend: bool) -> None:
+        self.extend = extend
+
+    def is_extend(self) -> bool:
+        return self.extend
+
+
+EXTEND, DECODE = Mode(True), Mode(False)
+
+
+def build_scheduler(traced: bool) -> tuple[Callable[[bool], Callable[[], Any]], Callable[[int], Callable[[], Any]]]:
+    """One arm of the scheduler process; returns ``(prefill_sample(image), decode_sample(batch_size))``."""
+
+    class Req:  # schedule_batch.Req
+        def __init__(self, rid: str, mm: Any) -> None:
+            self.rid = rid
+            self.origin_input_ids = list(range(PROMPT_TOKENS))
+            self.multimodal_inputs = mm
+            self.prefix_indices: list[int] = []
+            self.cached_tokens = 0
+            self.output_ids: list[int] = []
+
+        def init_next_round_input(self, tree_cache=None):
+            return None
+
+        def finished(self) -> bool:
+            return False
+
+    class ScheduleBatch:
+        def __init__(self, reqs: list[Req], mode: Mode, forward_batch: Any) -> None:
+            self.reqs = reqs
+            self.forward_mode = mode
+            self.forward_batch = forward_batch
+
+        def prepare_for_extend(self):
+            return None
+
+    class Model:  # Qwen3VLForConditionalGeneration
+        def get_image_feature(self, items):
+            return None
+
+    model = Model()
+
+    def prepare_mm_inputs(input_ids, forward_batch, language_model=None, kwargs=None, multimodal_model=None):
+        items = [it for mm in forward_batch.mm_inputs if mm is not None for it in mm.mm_items]
+        if items:
+            model.get_image_feature(items)
+        return None
+
+    class ModelRunner:
+        def forward(self, forward_batch):
+            if forward_batch.mm_inputs:
+                prepare_mm(None, forward_batch)
+            return forward_batch
+
+        def sample(self, logits_output, forward_batch):
+            return None
+
+    class Receiver:  # scheduler_components.request_receiver.SchedulerRequestReceiver
+        def __init__(self) -> None:
+            self.incoming: list[Any] = []
+
+        def recv_requests(self):
+            out, self.incoming = self.incoming, []
+            return out
+
+    class Scheduler:
+        def __init__(self) -> None:
+            self.model_runner = ModelRunner()
+
+        def _add_request_to_queue(self, req, is_retracted=False):
+            return None
+
+        def run_batch(self, batch):
+            runner = self.model_runner
+            out = runner.forward(batch.forward_batch)
+            runner.sample(out, batch.forward_batch)
+            return out
+
+    class BatchResultProcessor:
+        def process_batch_result_prefill(self, batch, result):
+            for req in batch.reqs:
+                req.output_ids.append(1)
+
+    prepare_mm = prepare_mm_inputs
+    if traced:
+        wrap_method(Receiver, "recv_requests", "scheduler.recv_requests", "sync")
+        wrap_method(Scheduler, "_add_request_to_queue", "scheduler.add_to_queue", "sync")
+        wrap_method(Scheduler, "run_batch", "scheduler.run_batch", "sync")
+        wrap_method(Req, "init_next_round_input", "schedule_batch.match", "sync")
+        wrap_method(ScheduleBatch, "prepare_for_extend", "schedule_batch.prepare_for_extend", "sync")
+        wrap_method(ModelRunner, "forward", "model_runner.forward", "sync")
+        wrap_method(ModelRunner, "sample", "model_runner.sample", "sync")
+        wrap_method(Model, "get_image_feature", "mm_embedding.vision_encoder", "sync")
+        wrap_method(BatchResultProcessor, "process_batch_result_prefill", "batch_result.prefill", "sync")
+        prepare_mm = wrap_function(prepare_mm_inputs, "mm_embedding.prepare", "sync")
+
+    receiver, scheduler, results = Receiver(), Scheduler(), BatchResultProcessor()
+
+    def prefill(image: bool) -> Callable[[], Any]:
+        r = rid()
+        mm = NS(mm_items=[NS(hash=random.getrandbits(63), offsets=[(15, 15 + IMAGE_TOKENS - 1)])]) if image else None
+        req = Req(r, mm)
+        fb = NS(
+            rids=[r],
+            mm_inputs=[mm] if image else [],
+            extend_prefix_lens_cpu=[0],
+            extend_seq_lens_cpu=[PROMPT_TOKENS],
+        )
+        batch = ScheduleBatch([req], EXTEND, fb)
+
+        def call() -> None:
+            receiver.incoming = [req]
+            for rq in receiver.recv_requests():
+                scheduler._add_request_to_queue(rq)
+            req.init_next_round_input(None)
+            batch.prepare_for_extend()
+            out = scheduler.run_batch(batch)
+            results.process_batch_result_prefill(batch, out)
+
+        return call
+
+    def decode(n: int) -> Callable[[], Callable[[], Any]]:
+        reqs = [Req(rid(), None) for _ in range(n)]
+        if traced:
+            from sglang_mmtrace.scheduler_state import ReqTrace
+
+            for req in reqs:
+                req._mmtrace = ReqTrace(0.0, 0.0)
+                req._mmtrace.admitted = req._mmtrace.first_token = True
+        fb = NS(rids=[r.rid for r in reqs], mm_inputs=[], extend_prefix_lens_cpu=[], extend_seq_lens_cpu=[])
+        batch = ScheduleBatch(reqs, DECODE, fb)
+
+        def sample() -> Callable[[], Any]:
+            def call() -> None:
+                for _ in range(STEP_BLOCK):  # one scheduler loop iteration with a decode batch
+                    receiver.recv_requests()
+                    scheduler.run_batch(batch)
+
+            return call
+
+        return sample
+
+    return prefill, decode
+
+
+def bind_pull() -> tuple[Any, str]:
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock.setsockopt(zmq.RCVHWM, 1_000_000)
+    address = "ipc://" + os.path.join(tempfile.gettempdir(), f"mmtrace-bench-{os.getpid()}-{uuid.uuid4().hex[:6]}.ipc")
+    sock.bind(address)
+    return sock, address
+
+
+def drain(sock: Any) -> tuple[int, int]:
+    import zmq
+
+    msgs = events = 0
+    while True:
+        try:
+            raw = sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return msgs, events
+        kind, _process, _pid, body = pickle.loads(raw)
+        if kind == "ev":
+            msgs += 1
+            events += len(body)
+
+
+def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
+    from sglang_mmtrace import runtime, telemetry
+    from sglang_mmtrace.outbox import Outbox
+
+    sock, address = bind_pull()
+    runtime.outbox = Outbox(address, "scheduler")
+    runtime.outbox.start()
+    runtime.role = "scheduler"
+    import torch  # noqa: F401  (loaded in a real scheduler; Clock() asks torch.cuda once per prefill batch)
+
+    plain_prefill, plain_decode = build_scheduler(False)
+    traced_prefill, traced_decode = build_scheduler(True)
+    meter = BackgroundMeter(runtime.outbox._thread)
+    drain(sock)
+    got = [0, 0]
+
+    def collect() -> None:
+        m, e = drain(sock)
+        got[0] += m
+        got[1] += e
+
+    results: dict[str, Any] = {}
+    traced_requests = 0
+    meter.start()
+    for kind, image in (("image_request", True), ("text_request", False)):
+        samples = interleave(
+            {"plain": lambda image=image: plain_prefill(image), "traced": lambda image=image: traced_prefill(image)},
+            args.reps,
+            args.warmup,
+            seed=4,
+            after_block=collect,
+            block=1024,
+        )
+        traced_requests += args.reps + args.warmup
+        results[kind] = summarize(samples, "µs per request (prefill path)")
+    time.sleep(0.1)
+    background = meter.stop(traced_requests)
+    collect()
+    checks = {
+        "traced_requests": traced_requests,
+        "events_shipped": got[1],
+        "events_per_traced_request": round(got[1] / max(1, traced_requests), 2),
+        "messages_shipped": got[0],
+        "contained_errors": dict(telemetry.errors),
+        "dropped": dict(telemetry.dropped),
+    }
+
+    steps: dict[str, Any] = {}
+    for n in args.batch_sizes:
+        samples = interleave(
+            {"plain": plain_decode(n), "traced": traced_decode(n)},
+            args.step_reps,
+            args.step_reps // 10,
+            seed=5,
+            divisor=STEP_BLOCK,
+        )
+        steps[f"loop_iteration_decode_batch_{n}"] = summarize(
+            samples, f"µs per decode step (recv_requests empty + run_batch{{forward, sample}}, batch {n})"
+        )
+    return {"per_request": results, "per_decode_step": steps, "background": background, "checks": checks}
+
+
+# ---------------------------------------------------------------------------------------------
+# detokenizer process
+
+
+def build_detokenizer(traced: bool) -> tuple[Callable[[], Callable[[], Any]], Callable[[int], Callable[[], Any]]]:
+    class DetokenizerManager:
+        def __init__(self) -> None:
+            self.decode_status: dict[str, Any] = {}
+
+        def handle_batch_token_id_out(self, recv_obj):
+            for r in recv_obj.rids:
+                if r not in self.decode_status:
+                    self.decode_status[r] = True
+            return None
+
+    if traced:
+        wrap_method(DetokenizerManager, "handle_batch_token_id_out", "detokenizer.handle_batch", "sync")
+    dm = DetokenizerManager()
+
+    def first() -> Callable[[], Any]:
+        recv_obj = NS(rids=[rid()])
+        if len(dm.decode_status) > 4096:
+            dm.decode_status.clear()
+        return lambda: dm.handle_batch_token_id_out(recv_obj)
+
+    def decode(n: int) -> Callable[[], Callable[[], Any]]:
+        recv_obj = NS(rids=[rid() for _ in range(n)])
+        dm.handle_batch_token_id_out(NS(rids=list(recv_obj.rids)))  # already seen: steady decode
+
+        def sample() -> Callable[[], Any]:
+            def call() -> None:
+                h = dm.handle_batch_token_id_out
+                for _ in range(STEP_BLOCK):
+                    h(recv_obj)
+
+            return call
+
+        return sample
+
+    return first, decode
+
+
+def run_detokenizer(args: argparse.Namespace) -> dict[str, Any]:
+    from sglang_mmtrace import runtime, telemetry
+    from sglang_mmtrace.outbox import Outbox
+
+    sock, address = bind_pull()
+    runtime.outbox = Outbox(address, "detokenizer")
+    runtime.outbox.start()
+    runtime.role = "detokenizer"
+    plain_first, plain_decode = build_detokenizer(False)
+    traced_first, traced_decode = build_detokenizer(True)
+    samples = interleave(
+        {"plain": plain_first, "traced": traced_first},
+        args.reps,
+        args.warmup,
+        seed=6,
+        after_block=lambda: drain(sock),
+        block=1024,
+    )
+    results = {"first_output": summarize(samples, "µs per request (its first output batch)")}
+    steps: dict[str, Any] = {}
+    for n in args.batch_sizes:
+        s = interleave(
+            {"plain": plain_decode(n), "traced": traced_decode(n)},
+            args.step_reps,
+            args.step_reps // 10,
+            seed=7,
+            divisor=STEP_BLOCK,
+        )
+        steps[f"handle_batch_{n}_rids"] = summarize(s, f"µs per decode step (handle_batch_token_id_out, {n} rids)")
+    drain(sock)
+    return {"per_request": results, "per_decode_step": steps, "checks": {"contained_errors": dict(telemetry.errors)}}
+
+
+# ---------------------------------------------------------------------------------------------
+# driver
+
+WORKERS = {"api": run_api, "scheduler": run_scheduler, "detokenizer": run_detokenizer}
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    os.environ.pop("SGLANG_MMTRACE_TEST_RAISE", None)
+    os.environ["SGLANG_MMTRACE"] = "1"
+    # a real run's records complete when the remote stages arrive; keep a short grace anyway
+    os.environ.setdefault("SGLANG_MMTRACE_GRACE_S", "0.2")
+    gc.collect()
+    t0 = time.perf_counter()
+    out = WORKERS[args.worker](args)
+    out["wall_s"] = round(time.perf_counter() - t0, 2)
+    Path(args.out).write_text(json.dumps(out))
+
+
+def fmt_row(proc: str, name: str, s: dict[str, Any]) -> str:
+    ci = s["paired_diff_median_ci95_us"]
+    return (
+        f"| {proc} | {name} | {s['plain_median_us']:.2f} | {s['traced_median_us']:.2f} | "
+        f"**{s['extra_median_us']:.2f}** | {s['extra_p90_us']:.2f} | {s['paired_diff_median_us']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] |"
+    )
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        "| process | measurement | plain median µs | traced median µs | extra median µs | extra p90 µs | paired diff median µs [95% CI] |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for proc, body in result["processes"].items():
+        for name, s in body["per_request"].items():
+            lines.append(fmt_row(proc, f"per request: {name}", s))
+    for proc, body in result["processes"].items():
+        for name, s in body["per_decode_step"].items():
+            lines.append(fmt_row(proc, f"per step: {name}", s))
+    bg = [
+        f"- {proc} background thread `{b['thread']}`: {b['cpu_us_per_traced_request']:.2f} µs CPU per traced request "
+        f"(idle: {b['idle_cpu_us_per_s']:.0f} µs CPU per s)"
+        for proc, body in result["processes"].items()
+        if (b := body.get("background"))
+    ]
+    return "\n".join(lines + [""] + bg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=DEFAULT_REPS, help="timed requests per arm and request kind")
+    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
+    ap.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="output steps per API request")
+    ap.add_argument(
+        "--step-reps", type=int, default=DEFAULT_STEP_REPS, help=f"decode-step blocks ({STEP_BLOCK} steps each) per arm"
+    )
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64], help="rids per decode step")
+    ap.add_argument("--processes", nargs="+", default=list(WORKERS), choices=list(WORKERS))
+    ap.add_argument("--json", default=str(RESULTS / "hotpath.json"))
+    ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker_main(args)
+        return 0
+
+    info = machine()
+    result: dict[str, Any] = {
+        "benchmark": "hotpath",
+        "machine": info,
+        "config": {
+            "reps": args.reps,
+            "warmup": args.warmup,
+            "steps_per_request": args.steps,
+            "step_reps": args.step_reps,
+            "step_block": STEP_BLOCK,
+            "batch_sizes": args.batch_sizes,
+        },
+        "method": (
+            "stand-ins of the hooked SGLang targets, wrapped with the real hook wrappers (registry.HOOKS[id].make(kind)) "
+            "via wrapt; plain vs traced interleaved per repetition in random order; perf_counter_ns; "
+            "extra = quantile(traced) - quantile(plain); each process kind in its own interpreter with the real "
+            "Collector (api) or Outbox (scheduler, detokenizer) running"
+        ),
+        "processes": {},
+    }
+    for proc in args.processes:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
+            out = fh.name
+        cmd = [sys.executable, "-m", "benchmarks.hotpath", "--worker", proc, "--out", out]
+        cmd += ["--reps", str(args.reps), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+        cmd += ["--step-reps", str(args.step_reps), "--batch-sizes", *map(str, args.batch_sizes)]
+        print(f"[hotpath] {proc} ...", flush=True)
+        subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
+        result["processes"][proc] = json.loads(Path(out).read_text())
+        os.unlink(out)
+    result["machine"]["loadavg_at_end"] = list(os.getloadavg())
+    text = table(result)
+    print(text)
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"[hotpath] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
