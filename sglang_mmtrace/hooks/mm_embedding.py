@@ -50,7 +50,7 @@ def _prepare_wrapper(kind: str) -> Wrapper:
         if ctx is None:
             return wrapped(*args, **kwargs)
         guarded(component, _scan_batch, ctx, arg(args, kwargs, 1, "forward_batch"))
-        pushed = push_batch_range(component, "model.embed", tuple(ctx.needs_embed))
+        pushed = bool(ctx.needs_embed) and push_batch_range(component, "model.embed", tuple(ctx.needs_embed))
         m0 = guarded(component, ctx.clock.mark)
         try:
             return wrapped(*args, **kwargs)

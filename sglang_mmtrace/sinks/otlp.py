@@ -13,6 +13,8 @@ import threading
 from collections import deque
 from typing import Any
 
+from opentelemetry.sdk.trace import SpanProcessor
+
 from .. import telemetry
 from ..record import EmitContext
 from ..stages import ROOT, STAGES
@@ -35,7 +37,7 @@ def make_exporter(endpoint: str, protocol: str, timeout_s: float = 5.0) -> Any:
     return HttpExporter(endpoint=url, timeout=timeout_s)
 
 
-class _BoundedBatchProcessor:
+class _BoundedBatchProcessor(SpanProcessor):
     """A SpanProcessor whose ``on_end`` never blocks: a full queue drops (and counts) spans."""
 
     def __init__(self, exporter: Any) -> None:

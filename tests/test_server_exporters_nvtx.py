@@ -1,0 +1,269 @@
+"""NVTX ranges of the real SGLang server, captured by an NVTX injection library (no GPU, no profiler).
+
+``peers/nvtx_capture.c`` is compiled here with gcc against the NVTX v3 headers of the installed
+NVIDIA wheel and named in ``NVTX_INJECTION64_PATH``; SGLang's scheduler and detokenizer inherit
+the variable, so every process of the server writes its ranges (pid, tid, monotonic time, domain,
+message, colour) to its own file. Nsight Systems attaches the same way.
+
+The tests compare those ranges with the JSONL records of the same requests: which processes and
+threads pushed them, whether they nest, and whether every stage the plugin brackets with a range
+shows up with the request's rid.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import records, server_context, state
+from peers import nvtx as cap
+
+from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
+from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
+from sglang_mmtrace.nvtx_ranges import DOMAIN
+from sglang_mmtrace.stages import STAGES
+
+pytestmark = pytest.mark.server
+
+HEALTH_TIMEOUT_S = 900.0  # shared CPU machines: ~45 s alone, minutes under load
+RECORD_TIMEOUT_S = 120.0
+QUESTION = "NVTX test: what is in this image?"
+
+RANGED_STAGES = frozenset(
+    name
+    for name in STAGES
+    if name in ("tokenize", "transport.prepare", "dispatch", "scheduler.prefix_match", "scheduler.output", "detokenize")
+    or name.startswith(("mm.", "model."))
+)
+"""Stages the plugin brackets with an NVTX range carrying the rid (or ``n=<k> rids=...``)."""
+PER_IMAGE = ("mm.load", "mm.decode")
+DETAIL = re.compile(r"^(?:rid=(?P<rid>\S+)|n=(?P<n>\d+) rids=(?P<rids>\S+))$")
+
+
+@dataclass
+class Capture:
+    server: CpuServer
+    folder: Path
+    events: list[cap.Event]  # our domain, from after the startup snapshot
+    rids: list[str]
+    records: dict[str, dict[str, Any]]
+    pids: dict[str, set[int]]  # api / scheduler / detokenizer -> pids
+
+    def kind_of(self, pid: int) -> str | None:
+        return next((k for k, v in self.pids.items() if pid in v), None)
+
+    def describe(self, limit: int = 60) -> str:
+        lines = [f"{e.kind} pid={e.pid} tid={e.tid} {e.message}" for e in self.events[:limit]]
+        return f"\ncapture dir {self.folder}; first {limit} of {len(self.events)} events:\n" + "\n".join(lines)
+
+
+def rids_of(event: cap.Event) -> list[str]:
+    m = DETAIL.match(event.detail)
+    if m is None:
+        return []
+    return [m["rid"]] if m["rid"] else m["rids"].split(",")
+
+
+@pytest.fixture(scope="module")
+def capture_lib(tmp_path_factory) -> Path:
+    return cap.build(tmp_path_factory.mktemp("nvtx-lib"))
+
+
+@pytest.fixture(scope="module")
+def nvtx_capture(tmp_path_factory, capture_lib) -> Capture:
+    folder = tmp_path_factory.mktemp("nvtx-capture")
+    out = folder / "ranges"
+    out.mkdir()
+    srv = CpuServer(
+        env={cap.INJECTION_ENV: str(capture_lib), cap.DIR_ENV: str(out)},
+        jsonl_path=folder / "records.jsonl",
+        server_args=DEMO_SERVER_ARGS,
+        log_path=folder / "server.log",
+        health_timeout=HEALTH_TIMEOUT_S,
+    )
+    srv.start()
+    try:
+        offsets = cap.file_offsets(out)  # startup and SGLang's warmup request are not ours
+        a = data_url(make_image(512, 512, seed=9101))
+        b, c = data_url(make_image(256, 256, seed=9102)), data_url(make_image(320, 240, seed=9103))
+        plan = [
+            [image_message(QUESTION, [a])],
+            [image_message(QUESTION, [a])],  # repeated image: preprocess and prefix cache hits
+            [image_message(QUESTION, [b, c])],  # two images: per-image stages twice
+            [{"role": "user", "content": "NVTX test: say something short."}],
+        ]
+        rids = [stream_chat(srv.base_url, messages, max_tokens=4)[0][0]["id"] for messages in plan]
+        # two at once, so the scheduler may batch them (n=2 rids=a,b ranges)
+        box: list[str] = []
+        d, e = data_url(make_image(256, 256, seed=9104)), data_url(make_image(256, 256, seed=9105))
+        threads = [
+            threading.Thread(
+                target=lambda img=img: box.append(
+                    stream_chat(srv.base_url, [image_message(QUESTION, [img])], max_tokens=4)[0][0]["id"]
+                )
+            )
+            for img in (d, e)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        assert len(box) == 2, "a concurrent request failed" + server_context(srv)
+        rids += box
+        recs = records(srv, rids, timeout=RECORD_TIMEOUT_S)
+        pids: dict[str, set[int]] = defaultdict(set)
+        pids["api"].add(srv.process.pid)
+        for key in state(srv).get("peers", {}):
+            process, _, pid = key.partition(":")
+            pids[process].add(int(pid))
+        events = [ev for ev in cap.read_events(out, offsets) if ev.domain == DOMAIN and ev.kind != "D"]
+        yield Capture(srv, out, events, rids, recs, dict(pids))
+    finally:
+        srv.stop()
+
+
+def test_capture_library_builds_and_loads(nvtx_capture):
+    """The library was loaded in the server's processes and saw the plugin's domain created."""
+    created = [e for e in cap.read_events(nvtx_capture.folder) if e.kind == "D" and e.domain == DOMAIN]
+    assert created, f"no process created the {DOMAIN!r} domain" + nvtx_capture.describe()
+    assert nvtx_capture.events, "no ranges in the plugin's domain after the requests" + nvtx_capture.describe()
+
+
+def test_ranges_in_api_scheduler_and_detokenizer(nvtx_capture):
+    pids = nvtx_capture.pids
+    assert set(pids) >= {"api", "scheduler", "detokenizer"}, pids
+    all_pids = [p for v in pids.values() for p in v]
+    assert len(all_pids) == len(set(all_pids)) == 3, f"expected three distinct processes: {pids}"
+    ranged = Counter(nvtx_capture.kind_of(e.pid) for e in nvtx_capture.events if e.kind in "PB")
+    assert None not in ranged, (
+        f"ranges from processes that are not the server's: "
+        f"{sorted({e.pid for e in nvtx_capture.events if nvtx_capture.kind_of(e.pid) is None})} {pids}"
+    )
+    for kind in ("api", "scheduler", "detokenizer"):
+        assert ranged[kind] > 0, (
+            f"no ranges from the {kind} process {pids[kind]}: {dict(ranged)}" + nvtx_capture.describe()
+        )
+
+
+def test_range_names_are_catalogue_stages_of_their_process(nvtx_capture):
+    problems = []
+    for e in nvtx_capture.events:
+        if e.kind not in "PBM":
+            continue
+        stage = STAGES.get(e.stage)
+        if stage is None:
+            problems.append(f"range {e.message!r} (pid {e.pid}): {e.stage!r} is not a catalogue stage")
+            continue
+        kind = nvtx_capture.kind_of(e.pid)
+        if stage.process != kind:
+            problems.append(f"range {e.message!r} pushed in the {kind} process, the catalogue says {stage.process}")
+        if e.detail:
+            m = DETAIL.match(e.detail)
+            if re.fullmatch(r"n=0 rids=", e.detail):
+                problems.append(f"range {e.message!r} names no request (a batch range for an empty set of rids)")
+            elif m is None:
+                problems.append(f"range {e.message!r}: detail is neither 'rid=<rid>' nor 'n=<k> rids=<a,b>'")
+            elif m["n"] is not None and int(m["n"]) != len(m["rids"].split(",")):
+                problems.append(f"range {e.message!r}: n={m['n']} but {len(m['rids'].split(','))} rids")
+        elif e.stage in RANGED_STAGES:
+            problems.append(f"range {e.message!r} (a per-request stage) carries no rid")
+    assert not problems, "\n".join(problems[:40]) + nvtx_capture.describe()
+
+
+def test_pushed_ranges_nest_per_thread_and_start_end_ranges_close(nvtx_capture):
+    problems = []
+    stacks: dict[tuple[int, int], list[cap.Event]] = defaultdict(list)
+    open_ranges: dict[tuple[int, int], cap.Event] = {}
+    for e in sorted(nvtx_capture.events, key=lambda e: (e.pid, e.line_no)):
+        key = (e.pid, e.tid)
+        if e.kind == "P":
+            stacks[key].append(e)
+        elif e.kind == "O":
+            if not stacks[key]:
+                problems.append(f"pop without a push on pid {e.pid} tid {e.tid} (line {e.line_no})")
+            else:
+                stacks[key].pop()
+        elif e.kind == "B":
+            if (e.pid, e.id) in open_ranges:
+                problems.append(f"range id {e.id} started twice in pid {e.pid}")
+            open_ranges[e.pid, e.id] = e
+        elif e.kind == "E" and open_ranges.pop((e.pid, e.id), None) is None:
+            problems.append(f"end of range id {e.id} that was never started (pid {e.pid})")
+    for (pid, tid), stack in stacks.items():
+        if stack:
+            problems.append(f"pid {pid} tid {tid}: ranges pushed and never popped: {[x.message for x in stack]}")
+    for ev in open_ranges.values():
+        problems.append(f"start/end range never ended: {ev.message!r} (pid {ev.pid})")
+    assert not problems, "\n".join(problems[:40]) + nvtx_capture.describe()
+    # nested pushes really happened (e.g. mm.* inside mm.process, model.* inside model.forward)
+    depths = [e.id for e in nvtx_capture.events if e.kind == "P"]
+    assert depths and max(depths) >= 2, f"no nested push at all: depths {Counter(depths)}"
+
+
+def test_every_ranged_stage_of_every_record_has_its_range(nvtx_capture):
+    by_rid: dict[str, Counter[str]] = defaultdict(Counter)
+    for e in nvtx_capture.events:
+        if e.kind in "PB":
+            for rid in rids_of(e):
+                by_rid[rid][e.stage] += 1
+    unknown = set(by_rid) - set(nvtx_capture.rids)
+    assert not unknown, (
+        f"ranges name rids that are not the records' rids: {sorted(unknown)[:10]}" + nvtx_capture.describe()
+    )
+    problems = []
+    for rid, rec in nvtx_capture.records.items():
+        in_record = Counter(s["name"] for s in rec["stages"])
+        for stage, n in sorted(in_record.items()):
+            if stage not in RANGED_STAGES:
+                continue
+            got = by_rid[rid][stage]
+            if got == 0:
+                problems.append(f"rid {rid}: record has {stage}, no range names this rid")
+            elif stage in PER_IMAGE and got != n:
+                problems.append(f"rid {rid}: {n} {stage} stages in the record, {got} ranges")
+        for stage in by_rid[rid]:
+            if stage in RANGED_STAGES and stage not in in_record and not STAGES[stage].batch:
+                problems.append(f"rid {rid}: a {stage} range but no {stage} stage in the record")
+    assert not problems, "\n".join(problems) + nvtx_capture.describe(200)
+    images = {rid: len(rec["images"]) for rid, rec in nvtx_capture.records.items()}
+    assert sorted(images.values()) == [0, 1, 1, 1, 1, 2], images  # the plan above, so the check covers both
+
+
+def test_batch_stages_carry_the_batch_rids(nvtx_capture):
+    """Batch stages (one forward / output pass for several requests) name the batch: ``n=<k> rids=...``."""
+    batch = [e for e in nvtx_capture.events if e.kind in "PB" and (m := DETAIL.match(e.detail)) and m["n"]]
+    stages = {e.stage for e in batch}
+    assert {"scheduler.output", "detokenize", "model.prefill", "model.forward"} <= stages, stages
+    assert all(STAGES[s].batch for s in stages), stages
+    single = {
+        e.stage
+        for e in nvtx_capture.events
+        if e.kind in "PB" and DETAIL.match(e.detail) and not DETAIL.match(e.detail)["n"]
+    }
+    assert not single & {s for s in STAGES if STAGES[s].batch}, f"batch stages with a single rid= detail: {single}"
+
+
+def test_per_image_stages_run_off_the_api_main_thread(nvtx_capture):
+    api = nvtx_capture.pids["api"]
+    per_image = [e for e in nvtx_capture.events if e.kind in "PB" and e.stage in PER_IMAGE]
+    assert {e.stage for e in per_image} == set(PER_IMAGE), Counter(e.stage for e in per_image)
+    assert all(e.pid in api for e in per_image), {(e.stage, e.pid) for e in per_image}
+    on_main = [e.message for e in per_image if e.tid == e.pid]
+    assert not on_main, f"per-image ranges on the api main thread (tid == pid): {on_main}"
+
+
+def test_one_colour_per_stage_group(nvtx_capture):
+    colours: dict[str, set[str | None]] = defaultdict(set)
+    for e in nvtx_capture.events:
+        if e.kind in "PB" and e.stage in STAGES:
+            colours[STAGES[e.stage].group].add(e.color)
+    assert all(len(v) == 1 and None not in v for v in colours.values()), dict(colours)
+    groups = [g for g in ("mm", "transport", "scheduler", "model") if g in colours]
+    assert len(groups) == 4, f"ranges seen only for the groups {sorted(colours)}"
+    picked = [next(iter(colours[g])) for g in groups]
+    assert len(set(picked)) == len(picked), dict(zip(groups, picked, strict=True))
