@@ -243,7 +243,7 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
         events.append(StageEvent("http.parse", API, arrival, http.t_handle or trace.t_created))
     events.extend(trace.events)
     events.extend(remote)
-    events.extend(_join_stages(trace.events, remote))
+    events.extend(_join_stages(trace.events, remote, trace.t_first_output))
     status, error = _status(trace)
     t_first = http.t_first_body if http is not None else trace.t_first_output
     ttft = None
@@ -287,13 +287,32 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     }
 
 
-def _join_stages(api: list[StageEvent], remote: list[StageEvent]) -> list[StageEvent]:
-    """Stages that only the join can see: their two ends were measured in different processes."""
-    dispatch = next((e for e in api if e.name == "dispatch"), None)
-    recv = next((e for e in remote if e.name == "scheduler.recv"), None)
-    if dispatch is not None and recv is not None and recv.t0 > dispatch.t1:
-        return [StageEvent("scheduler.inbox_wait", "scheduler", dispatch.t1, recv.t0)]
-    return []
+def _first(events: list[StageEvent], name: str) -> StageEvent | None:
+    return next((e for e in events if e.name == name), None)
+
+
+def _join_stages(api: list[StageEvent], remote: list[StageEvent], t_first_output: float | None) -> list[StageEvent]:
+    """Stages that only the join can see: the hops between processes, one end measured on each side.
+
+    Also clamps the scheduler's receive to start no earlier than the request was sent: the
+    ``recv_requests`` call that returned it may have started polling before.
+    """
+    out = []
+    dispatch, recv = _first(api, "dispatch"), _first(remote, "scheduler.recv")
+    if dispatch is not None and recv is not None:
+        prepared = _first(api, "transport.prepare")
+        sent_after = max(dispatch.t0, prepared.t1 if prepared is not None else dispatch.t0)
+        if recv.t0 < sent_after <= recv.t1:
+            recv.attrs["poll_started_s"] = round(sent_after - recv.t0, 9)
+            recv.t0 = sent_after
+        if recv.t0 > dispatch.t1:
+            out.append(StageEvent("scheduler.inbox_wait", "scheduler", dispatch.t1, recv.t0))
+    output, detok = _first(remote, "scheduler.output"), _first(remote, "detokenize")
+    if output is not None and detok is not None and detok.t0 > output.t1:
+        out.append(StageEvent("detokenize.inbox_wait", "detokenizer", output.t1, detok.t0))
+    if detok is not None and t_first_output is not None and t_first_output > detok.t1:
+        out.append(StageEvent("response.inbox_wait", "api", detok.t1, t_first_output))
+    return out
 
 
 def _trace_id(http: HttpCtx | None) -> str | None:

@@ -109,6 +109,8 @@ current: FwdCtx | None = None
 It outlives ``run_batch`` because the overlap scheduler samples after ``run_batch`` returns."""
 
 last_recv_start = 0.0
+last_stream_end = 0.0
+"""When the scheduler last finished handing outputs to the detokenizer (``stream_output``)."""
 
 
 def emit(rids: Any, stage: str, t0: float, t1: float, clock: str = "host", attrs: dict[str, Any] | None = None) -> None:

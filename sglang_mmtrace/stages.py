@@ -127,7 +127,21 @@ _CATALOGUE: tuple[Stage, ...] = (
     Stage(
         "scheduler.output", SCHEDULER, "result processing and hand-off to the detokenizer", parent="request", batch=True
     ),
+    Stage(
+        "detokenize.inbox_wait",
+        DETOKENIZER,
+        "first token handed off, waiting for the detokenizer's loop (joined: scheduler hand-off end -> detokenize start)",
+        parent="request",
+        contract=False,
+    ),
     Stage("detokenize", DETOKENIZER, "first output detokenized", parent="request", batch=True),
+    Stage(
+        "response.inbox_wait",
+        API,
+        "detokenized, waiting for the API process's output loop (joined: detokenize end -> output received)",
+        parent="request",
+        contract=False,
+    ),
     Stage("response.first_chunk", API, "first output received -> first chunk written to the socket", parent="request"),
 )
 

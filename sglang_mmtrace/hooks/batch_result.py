@@ -75,7 +75,9 @@ def _result_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
             # Overlap scheduling: the result waits while the scheduler launches the next batch.
             ss.emit(ctx.rids, "scheduler.overlap_wait", ready, t0, attrs={"batch_size": ctx.batch_size})
     if first:
-        ss.emit(tuple(first), "scheduler.output", t0, t1, attrs={"batch_size": len(batch.reqs)})
+        # The hand-off ends when stream_output returned; the function goes on with metrics reporting.
+        end = ss.last_stream_end if t0 <= ss.last_stream_end <= t1 else t1
+        ss.emit(tuple(first), "scheduler.output", t0, end, attrs={"batch_size": len(batch.reqs)})
 
 
 def _has_output(req: Any) -> bool:
@@ -88,6 +90,11 @@ def _output_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     return nvtx_ranges.rids_detail(rids) if rids else None
 
 
+def _stream_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    ss.last_stream_end = t1
+
+
 HOOKS: dict[str, HookSpec] = {
+    "output_streamer.stream_output": interval("output_streamer.stream_output", _stream_exit),
     "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=("scheduler.output", _output_detail)),
 }

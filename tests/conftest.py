@@ -1,0 +1,100 @@
+"""Shared fixtures and helpers for the real-server tests (marker ``server``).
+
+One real SGLang 0.5.23 server (CPU, tiny Qwen3-VL, plugin on, the demo's server arguments) is
+started per test session and shared by every ``server`` test; its JSONL records and log live in a
+session temp folder, and the log's path and tail go into failure messages.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
+from sglang_mmtrace.harness import CpuServer
+
+STATE_PATH = "/mmtrace/state"
+HEALTH_TIMEOUT_S = 600.0  # healthy after ~45 s alone on 2 cores; minutes when the machine is shared
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """ONE real server for the session, plugin on, records to ``<tmp>/records.jsonl``."""
+    folder = tmp_path_factory.mktemp("mmtrace-server")
+    srv = CpuServer(
+        jsonl_path=folder / "records.jsonl",
+        server_args=DEMO_SERVER_ARGS,
+        log_path=folder / "server.log",
+        health_timeout=HEALTH_TIMEOUT_S,
+        # SGLang's timeout for fetching image URLs (default 3 s) is too short on a shared 2-core machine.
+        env={"REQUEST_TIMEOUT": "60"},
+    )
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def server_context(server: CpuServer) -> str:
+    """What a failure message needs to find out more: log path, JSONL path, log tail."""
+    return f"\nserver log: {server.log_path}\nrecords: {server.jsonl_path}\nlast log lines:\n{server.log_tail(40)}"
+
+
+def read_records(path: Path | None) -> list[dict[str, Any]]:
+    """Every complete JSON line of the records file (a line still being written is skipped)."""
+    if path is None or not path.exists():
+        return []
+    out = []
+    with path.open("r", encoding="utf-8") as fh:
+        for line in fh:
+            if not line.endswith("\n"):
+                break
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
+
+
+def records(server: CpuServer, rids: Iterable[str], timeout: float = 30.0) -> dict[str, dict[str, Any]]:
+    """Poll the server's JSONL until every rid has a record; returns rid -> record.
+
+    A rid with more than one record is a failure (one record per request is the contract).
+    """
+    wanted = list(dict.fromkeys(rids))
+    deadline = time.monotonic() + timeout
+    while True:
+        found: dict[str, list[dict[str, Any]]] = {}
+        for rec in read_records(server.jsonl_path):
+            if rec.get("rid") in wanted:
+                found.setdefault(rec["rid"], []).append(rec)
+        missing = [rid for rid in wanted if rid not in found]
+        if not missing:
+            dupes = {rid: len(v) for rid, v in found.items() if len(v) > 1}
+            assert not dupes, f"more than one record per rid: {dupes}" + server_context(server)
+            return {rid: found[rid][0] for rid in wanted}
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"no record after {timeout:.0f} s for {len(missing)} of {len(wanted)} rids: {missing[:10]}"
+                + server_context(server)
+            )
+        time.sleep(0.2)
+
+
+def state(server: CpuServer) -> dict[str, Any]:
+    """GET /mmtrace/state: the plugin's per-process live state and error counters."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("GET", STATE_PATH)
+        resp = conn.getresponse()
+        body = resp.read()
+    finally:
+        conn.close()
+    assert resp.status == 200, f"GET {STATE_PATH} -> HTTP {resp.status}: {body[:500]!r}" + server_context(server)
+    return json.loads(body)

@@ -1,0 +1,369 @@
+"""Records of real image requests on the real SGLang server (CPU, tiny Qwen3-VL, plugin on).
+
+The module sends one fixed sequence of requests once (cache state matters: a repeated image must
+follow its first request) and then checks each record two ways:
+- per case, what that case must show (stage set, cache outcomes, images, attributes);
+- per request, what every successful record must satisfy (tokens equal to SGLang's ``usage``,
+  image fields, transport, catalogue fields, intervals inside ``[0, ttft_s]``, causal order,
+  coverage).
+Images use seeds no other test module uses, so every "new" image is new to the shared server.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+from conftest import records, server_context
+from record_checks import (
+    CONTRACT_STAGES,
+    ENCODER_STAGES,
+    IMAGE_WORK_STAGES,
+    MM_STAGES,
+    TRANSPORT_STAGES,
+    Exchange,
+    Img,
+    bounds_problems,
+    catalogue_problems,
+    exchange_problems,
+    names,
+    one,
+    order_problems,
+    prompt_layout,
+    stage_set_problems,
+    stages_named,
+    visual_tokens,
+)
+
+from sglang_mmtrace.harness import data_url, image_message, make_image, stream_chat
+
+pytestmark = pytest.mark.server
+
+Q1 = "What is in this image?"
+Q_IMAGE_FIRST = ("Describe the colours you can see.", "Which shape is the largest one?")
+Q_QUESTION_FIRST = ("Count the shapes in the picture:", "Name the brightest region here:")
+TEXT_ONLY = "Records test: say something short about the weather."
+
+# label -> number of requests of that case, in sending order (also the parametrize ids)
+CASES: dict[str, int] = {
+    "new_image": 1,
+    "same_image_again": 1,
+    "different_image_same_question": 1,
+    "image_first_other_question": len(Q_IMAGE_FIRST),
+    "question_first_new_question": len(Q_QUESTION_FIRST),
+    "question_first_repeated": 1,
+    "text_only": 1,
+    "two_images": 1,
+    "png": 1,
+    "jpeg": 1,
+    "image_url": 1,
+    "image_1024x768": 1,
+}
+ALL = [(label, i) for label, n in CASES.items() for i in range(n)]
+ALL_IDS = [f"{label}-{i}" for label, i in ALL]
+
+
+def _img(width: int, height: int, seed: int, fmt: str = "PNG") -> Img:
+    return Img(width, height, fmt, make_image(width, height, seed=seed, fmt=fmt))
+
+
+class _ImageHandler(http.server.BaseHTTPRequestHandler):
+    files: dict[str, bytes] = {}
+    hits: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+        type(self).hits.append(self.path)
+        body = self.files.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep pytest output clean
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    """A local ``http.server`` thread serving images by path.
+
+    SGLang fetches ``http(s)`` image URLs itself; ``--allowed-media-domains`` is empty by default,
+    which SGLang documents as "remote media from any domain is allowed" (``_assert_media_url_allowed``
+    only rejects hosts when the allowlist is non-empty), so 127.0.0.1 needs no server flag.
+    """
+
+    class Handler(_ImageHandler):
+        files: dict[str, bytes] = {}
+        hits: list[str] = []
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, name="image-host", daemon=True)
+    thread.start()
+    try:
+        yield httpd, Handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def exchanges(server, image_host) -> dict[str, list[Exchange]]:
+    httpd, handler = image_host
+    a = _img(512, 512, seed=7001)
+    b = _img(512, 512, seed=7002)
+    c, d = _img(256, 256, seed=7003), _img(512, 512, seed=7004)
+    png, jpeg = _img(512, 512, seed=7005), _img(512, 512, seed=7006, fmt="JPEG")
+    hosted = _img(256, 256, seed=7007)
+    big = _img(1024, 768, seed=7008)
+    handler.files["/hosted.png"] = hosted.data
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/hosted.png"
+
+    plan: list[tuple[str, list[dict[str, Any]], list[Img]]] = [
+        ("new_image", [image_message(Q1, [data_url(a.data)])], [a]),
+        ("same_image_again", [image_message(Q1, [data_url(a.data)])], [a]),
+        ("different_image_same_question", [image_message(Q1, [data_url(b.data)])], [b]),
+        *[("image_first_other_question", [image_message(q, [data_url(a.data)])], [a]) for q in Q_IMAGE_FIRST],
+        *[
+            ("question_first_new_question", [image_message(q, [data_url(a.data)], image_first=False)], [a])
+            for q in Q_QUESTION_FIRST
+        ],
+        (
+            "question_first_repeated",
+            [image_message(Q_QUESTION_FIRST[0], [data_url(a.data)], image_first=False)],
+            [a],
+        ),
+        ("text_only", [{"role": "user", "content": TEXT_ONLY}], []),
+        ("two_images", [image_message(Q1, [data_url(c.data), data_url(d.data)])], [c, d]),
+        ("png", [image_message(Q1, [data_url(png.data, "PNG")])], [png]),
+        ("jpeg", [image_message(Q1, [data_url(jpeg.data, "JPEG")])], [jpeg]),
+        ("image_url", [image_message(Q1, [url])], [hosted]),
+        ("image_1024x768", [image_message(Q1, [data_url(big.data)])], [big]),
+    ]
+    out: dict[str, list[Exchange]] = {}
+    for label, messages, images in plan:
+        try:
+            chunks, usage, raw = stream_chat(server.base_url, messages, max_tokens=4)
+            assert usage is not None, "no usage chunk in the stream"
+            ex = Exchange(label, messages, images, chunks[0]["id"], usage, raw)
+        except (AssertionError, OSError, RuntimeError) as exc:  # fail that case's tests, not the module
+            ex = Exchange(label, messages, images, "", {}, b"", failure=f"{type(exc).__name__}: {exc}")
+        out.setdefault(label, []).append(ex)
+    assert {k: len(v) for k, v in out.items()} == CASES
+    found = records(server, [ex.rid for exs in out.values() for ex in exs if ex.failure is None])
+    for exs in out.values():
+        for ex in exs:
+            ex.record = found.get(ex.rid, {})
+    return out
+
+
+@pytest.fixture
+def case(exchanges, server):
+    """``case(label)`` -> that case's exchanges; a request that failed fails the test asking for it."""
+
+    def get(label: str) -> list[Exchange]:
+        failed = [ex.failure for ex in exchanges[label] if ex.failure]
+        assert not failed, f"{label}: request failed: {failed}" + server_context(server)
+        return exchanges[label]
+
+    return get
+
+
+def _fail(problems: list[str], *exs: Exchange) -> str:
+    return "\n".join(problems) + "\n" + "\n\n".join(ex.describe() for ex in exs)
+
+
+def _check(problems: list[str], *exs: Exchange) -> None:
+    assert not problems, _fail(problems, *exs)
+
+
+# -- per request: what every successful record must satisfy -----------------------------------
+
+
+@pytest.mark.parametrize(("label", "i"), ALL, ids=ALL_IDS)
+def test_record_matches_usage_images_and_transport(case, server, label, i):
+    """status ok; prompt/cached/output tokens == usage; image_prefix_hit == (cached covers the
+    image token span); images[] sizes, visual tokens, encoded bytes; transport cpu with the pixel bytes."""
+    ex = case(label)[i]
+    _check(exchange_problems(ex, str(server.model_path)), ex)
+
+
+@pytest.mark.parametrize(("label", "i"), ALL, ids=ALL_IDS)
+def test_stage_fields_match_catalogue(case, label, i):
+    ex = case(label)[i]
+    _check(catalogue_problems(ex.record), ex)
+
+
+@pytest.mark.parametrize(("label", "i"), ALL, ids=ALL_IDS)
+def test_stage_intervals_inside_ttft(case, label, i):
+    """Every stage lies inside [0, ttft_s]: the breakdown explains TTFT, nothing after it."""
+    ex = case(label)[i]
+    _check(bounds_problems(ex.record), ex)
+
+
+@pytest.mark.parametrize(("label", "i"), ALL, ids=ALL_IDS)
+def test_stages_nest_and_follow_the_request_path(case, label, i):
+    """Nesting from the catalogue's parent field (mm.* in mm.process in tokenize, transport.prepare
+    in dispatch, model.* in model.forward) and siblings starting in request-path order
+    (http.parse, openai.convert, tokenize, dispatch, scheduler.*, model.forward, scheduler.output,
+    detokenize, response.first_chunk)."""
+    ex = case(label)[i]
+    _check(order_problems(ex.record), ex)
+
+
+@pytest.mark.parametrize(("label", "i"), ALL, ids=ALL_IDS)
+def test_coverage(case, label, i):
+    """Successful image requests: the stages explain at least 95% of TTFT; coverage is consistent."""
+    ex = case(label)[i]
+    rec = ex.record
+    assert rec["ttft_s"] and rec["ttft_s"] > 0, ex.describe()
+    assert rec["attributed_s"] == pytest.approx(rec["coverage"] * rec["ttft_s"], abs=1e-5), ex.describe()
+    if ex.images:
+        assert rec["coverage"] >= 0.95, ex.describe()
+
+
+# -- per case ---------------------------------------------------------------------------------
+
+
+def test_new_image(case):
+    (ex,) = case("new_image")
+    rec = ex.record
+    _check(stage_set_problems(rec, absent=()), ex)  # every contract stage happens for a new image
+    assert rec["cache"] == {"preprocess": "miss", "embedding": "miss", "image_prefix_hit": False}, ex.describe()
+    vit = stages_named(rec, "model.vision_encoder")
+    assert all(s["attrs"]["embedding_cache"] == "miss" and s["attrs"]["skipped"] is False for s in vit), ex.describe()
+    assert sum(s["attrs"]["images"] for s in vit) == 1, ex.describe()
+    assert one(rec, "mm.preprocess_cache")["attrs"]["result"] == "miss"
+    assert one(rec, "mm.load")["attrs"]["bytes"] == len(ex.images[0].data)
+    assert {k: one(rec, "mm.decode")["attrs"][k] for k in ("width", "height")} == {"width": 512, "height": 512}
+    assert one(rec, "model.embed")["attrs"]["embedding_cache"] == "miss"
+
+
+def test_same_image_again(case):
+    (first,), (ex,) = case("new_image"), case("same_image_again")
+    rec = ex.record
+    # Preprocessing-cache hit: no pixel work; the whole image is in the radix prefix: no encoder, no injection.
+    _check(stage_set_problems(rec, absent=IMAGE_WORK_STAGES | ENCODER_STAGES), ex)
+    assert rec["cache"]["preprocess"] == "hit" and rec["cache"]["image_prefix_hit"] is True, ex.describe()
+    assert rec["cache"]["embedding"] != "miss", ex.describe()
+    assert one(rec, "mm.preprocess_cache")["attrs"]["result"] == "hit"
+    assert rec["images"][0]["content_hash"] == first.record["images"][0]["content_hash"], _fail([], first, ex)
+    assert rec["cached_tokens"] > first.record["cached_tokens"], _fail([], first, ex)
+
+
+def test_different_image_same_question(case):
+    (first,), (ex,) = case("new_image"), case("different_image_same_question")
+    rec = ex.record
+    _check(stage_set_problems(rec, absent=()), ex)
+    assert rec["cache"] == {"preprocess": "miss", "embedding": "miss", "image_prefix_hit": False}, ex.describe()
+    assert rec["images"][0]["content_hash"] != first.record["images"][0]["content_hash"], _fail([], first, ex)
+
+
+def test_image_first_other_questions_hit_the_image_prefix(case, server):
+    """Image first, new question: the prefix runs through <|vision_end|>, so the image's KV is reused."""
+    for ex in case("image_first_other_question"):
+        rec = ex.record
+        _check(stage_set_problems(rec, absent=IMAGE_WORK_STAGES | ENCODER_STAGES), ex)
+        assert rec["cache"]["image_prefix_hit"] is True and rec["cache"]["preprocess"] == "hit", ex.describe()
+        assert rec["cache"]["embedding"] != "miss", ex.describe()
+        mp = str(server.model_path)
+        _, spans = prompt_layout(mp, ex.messages, [visual_tokens(mp, 512, 512)])
+        # the question differs from every earlier one: the cache ends between the image and the prompt's end
+        assert spans[0][1] < rec["cached_tokens"] < rec["prompt_tokens"], ex.describe()
+
+
+def test_question_first_new_question_uses_embedding_cache(case, server):
+    """Question first, new question: the image's KV cannot be reused (image_prefix_hit False), but its
+    embedding comes from SGLang's multimodal embedding cache: no vision encoder, an embed stage that says hit."""
+    for ex in case("question_first_new_question"):
+        rec = ex.record
+        _check(stage_set_problems(rec, absent=IMAGE_WORK_STAGES | {"model.vision_encoder"}), ex)
+        assert rec["cache"] == {"preprocess": "hit", "embedding": "hit", "image_prefix_hit": False}, ex.describe()
+        assert one(rec, "model.embed")["attrs"]["embedding_cache"] == "hit", ex.describe()
+        mp = str(server.model_path)
+        _, spans = prompt_layout(mp, ex.messages, [visual_tokens(mp, 512, 512)])
+        assert rec["cached_tokens"] <= spans[0][0], ex.describe()
+
+
+def test_question_first_repeated_hits_the_image_prefix(case):
+    (ex,) = case("question_first_repeated")
+    rec = ex.record
+    _check(stage_set_problems(rec, absent=IMAGE_WORK_STAGES | ENCODER_STAGES), ex)
+    assert rec["cache"]["image_prefix_hit"] is True, ex.describe()
+
+
+def test_text_only(case):
+    (ex,) = case("text_only")
+    rec = ex.record
+    _check(stage_set_problems(rec, absent=MM_STAGES | TRANSPORT_STAGES | ENCODER_STAGES), ex)
+    assert not any(n.startswith("mm.") for n in names(rec)), ex.describe()
+    assert rec["images"] == [] and rec["transport"] == {"mode": "none", "bytes": 0}, ex.describe()
+    assert rec["cache"] == {"preprocess": "off", "embedding": "off", "image_prefix_hit": False}, ex.describe()
+
+
+def test_two_images_in_one_request(case, server):
+    (ex,) = case("two_images")
+    rec = ex.record
+    _check(stage_set_problems(rec, absent=()), ex)
+    small, large = ex.images
+    assert len(stages_named(rec, "mm.load")) == 2 and len(stages_named(rec, "mm.decode")) == 2, ex.describe()
+    assert Counter(s["attrs"]["bytes"] for s in stages_named(rec, "mm.load")) == Counter(
+        [len(small.data), len(large.data)]
+    ), ex.describe()
+    assert Counter((s["attrs"]["width"], s["attrs"]["height"]) for s in stages_named(rec, "mm.decode")) == Counter(
+        [(small.width, small.height), (large.width, large.height)]
+    ), ex.describe()
+    # images[] in request order, each with its own size, visual tokens and bytes
+    mp = str(server.model_path)
+    assert [(i["width"], i["visual_tokens"], i["bytes"]) for i in rec["images"]] == [
+        (small.width, visual_tokens(mp, small.width, small.height), len(small.data)),
+        (large.width, visual_tokens(mp, large.width, large.height), len(large.data)),
+    ], ex.describe()
+    expand = one(rec, "mm.expand")["attrs"]
+    assert expand["images"] == 2 and expand["visual_tokens"] == sum(i["visual_tokens"] for i in rec["images"])
+    assert rec["images"][0]["content_hash"] != rec["images"][1]["content_hash"]
+
+
+@pytest.mark.parametrize(("label", "magic"), [("png", b"\x89PNG\r\n\x1a\n"), ("jpeg", b"\xff\xd8\xff")])
+def test_png_and_jpeg(case, label, magic):
+    (ex,) = case(label)
+    rec = ex.record
+    assert ex.images[0].data.startswith(magic)  # the input really is that format
+    _check(stage_set_problems(rec, absent=()), ex)
+    decode = one(rec, "mm.decode")["attrs"]
+    assert (decode["width"], decode["height"]) == (512, 512), ex.describe()
+    assert rec["images"][0]["bytes"] == len(ex.images[0].data) == one(rec, "mm.load")["attrs"]["bytes"]
+
+
+def test_image_url_from_local_http_server(case, image_host):
+    _, handler = image_host
+    (ex,) = case("image_url")
+    rec = ex.record
+    assert handler.hits.count("/hosted.png") == 1, f"SGLang fetched {handler.hits}"
+    _check(stage_set_problems(rec, absent=()), ex)
+    assert rec["images"][0]["bytes"] == len(ex.images[0].data) == one(rec, "mm.load")["attrs"]["bytes"]
+    # the URL itself is content: never in the record unless SGLANG_MMTRACE_CAPTURE_CONTENT=1
+    assert "hosted.png" not in repr(rec), ex.describe()
+
+
+def test_image_1024x768(case, server):
+    (ex,) = case("image_1024x768")
+    rec = ex.record
+    _check(stage_set_problems(rec, absent=()), ex)
+    assert rec["images"][0]["visual_tokens"] == 1024 * 768 // 1024, ex.describe()
+    assert (rec["images"][0]["width"], rec["images"][0]["height"]) == (1024, 768)
+    decode = one(rec, "mm.decode")["attrs"]
+    assert (decode["width"], decode["height"]) == (1024, 768), ex.describe()
+
+
+def test_contract_stage_catalogue_is_what_the_cases_cover(exchanges, server):
+    """Across the cases, every contract stage shows up at least once (no dead stage in the catalogue)."""
+    seen = {n for exs in exchanges.values() for ex in exs if ex.failure is None for n in names(ex.record)}
+    missing = sorted(CONTRACT_STAGES - seen)
+    assert not missing, f"contract stages never recorded: {missing}" + server_context(server)
