@@ -308,6 +308,12 @@ def _join_stages(api: list[StageEvent], remote: list[StageEvent], t_first_output
         if recv.t0 > dispatch.t1:
             out.append(StageEvent("scheduler.inbox_wait", "scheduler", dispatch.t1, recv.t0))
     output, detok = _first(remote, "scheduler.output"), _first(remote, "detokenize")
+    received = detok.t0 if detok is not None else t_first_output
+    if output is not None and received is not None and output.t0 <= received < output.t1:
+        # The hand-off was sent before the next process received it: stream_output may still be
+        # returning (bookkeeping after its send) while the detokenizer already works.
+        output.attrs["after_send_s"] = round(output.t1 - received, 9)
+        output.t1 = received
     if output is not None and detok is not None and detok.t0 > output.t1:
         out.append(StageEvent("detokenize.inbox_wait", "detokenizer", output.t1, detok.t0))
     if detok is not None and t_first_output is not None and t_first_output > detok.t1:
