@@ -14,7 +14,7 @@ from .. import scheduler_state as ss
 from .base import HookSpec, Wrapper, arg, guarded, push_batch_range
 
 
-def _scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
+def scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
     """Which requests need image embeddings in this extend, and which rid owns which item hash."""
     mm_inputs = getattr(forward_batch, "mm_inputs", None) or ()
     rids = getattr(forward_batch, "rids", None) or ()
@@ -49,7 +49,7 @@ def _prepare_wrapper(kind: str) -> Wrapper:
         ctx = ss.current
         if ctx is None:
             return wrapped(*args, **kwargs)
-        guarded(component, _scan_batch, ctx, arg(args, kwargs, 1, "forward_batch"))
+        guarded(component, scan_batch, ctx, arg(args, kwargs, 1, "forward_batch"))
         pushed = bool(ctx.needs_embed) and push_batch_range(component, "model.embed", tuple(ctx.needs_embed))
         m0 = guarded(component, ctx.clock.mark)
         try:

@@ -15,30 +15,16 @@ from typing import Any
 
 from .. import nvtx_ranges
 from .. import scheduler_state as ss
+from . import mm_embedding
 from .base import HookSpec, Wrapper, arg, guarded, push_batch_range
 
 
 def _scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
-    """Which requests need image embeddings in this extend, and which rid owns which item hash."""
+    """As on 0.5.23, for extend batches only: 0.5.17's routine also runs for decode and verify."""
     mode = getattr(forward_batch, "forward_mode", None)
     if mode is None or mode.is_decode() or mode.is_target_verify():
         return
-    mm_inputs = getattr(forward_batch, "mm_inputs", None) or ()
-    rids = getattr(forward_batch, "rids", None) or ()
-    prefix_lens = getattr(forward_batch, "extend_prefix_lens_cpu", None) or ()
-    seq_lens = getattr(forward_batch, "extend_seq_lens_cpu", None) or ()
-    for i, mm in enumerate(mm_inputs):
-        if mm is None or i >= len(rids):
-            continue
-        lo = prefix_lens[i] if i < len(prefix_lens) else 0
-        hi = lo + (seq_lens[i] if i < len(seq_lens) else 0)
-        overlapping = 0
-        for item in getattr(mm, "mm_items", None) or ():
-            ctx.hash_to_rids.setdefault(item.hash, []).append(rids[i])
-            if any(s < hi and e >= lo for s, e in (item.offsets or ())):
-                overlapping += 1
-        if overlapping:
-            ctx.needs_embed[rids[i]] = overlapping
+    mm_embedding.scan_batch(ctx, forward_batch)
 
 
 def _routine_wrapper(kind: str) -> Wrapper:
