@@ -12,6 +12,7 @@ from typing import Any
 from .. import nvtx_ranges
 from .. import scheduler_state as ss
 from .base import HookSpec, Wrapper, arg, guarded, push_batch_range
+from .model_runner import marked
 
 
 def scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
@@ -42,26 +43,14 @@ def _owners(ctx: ss.FwdCtx, items: Any) -> tuple[str, ...]:
     return tuple(rids)
 
 
-def _prepare_wrapper(kind: str) -> Wrapper:
-    component = "mm_embedding.prepare"
+def _scan_and_name(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
+    scan_batch(ctx, arg(args, kwargs, 1, "forward_batch"))
+    return needs_embed(ctx, args, kwargs)
 
-    def wrapper(wrapped, instance, args, kwargs):
-        ctx = ss.current
-        if ctx is None:
-            return wrapped(*args, **kwargs)
-        guarded(component, scan_batch, ctx, arg(args, kwargs, 1, "forward_batch"))
-        pushed = bool(ctx.needs_embed) and push_batch_range(component, "model.embed", tuple(ctx.needs_embed))
-        m0 = guarded(component, ctx.clock.mark)
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            m1 = guarded(component, ctx.clock.mark)
-            if pushed:
-                guarded(component, nvtx_ranges.pop)
-            if m0 is not None and m1 is not None and ctx.embed is None:
-                ctx.embed = (m0, m1)
 
-    return wrapper
+def needs_embed(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
+    """The requests whose images are embedded in this forward (the ``model.embed`` range's rids)."""
+    return tuple(ctx.needs_embed)
 
 
 def _vit_wrapper(kind: str) -> Wrapper:
@@ -87,6 +76,6 @@ def _vit_wrapper(kind: str) -> Wrapper:
 
 
 HOOKS: dict[str, HookSpec] = {
-    "mm_embedding.prepare": HookSpec("mm_embedding.prepare", make=_prepare_wrapper),
+    "mm_embedding.prepare": marked("mm_embedding.prepare", "embed", "model.embed", _scan_and_name),
     "mm_embedding.vision_encoder": HookSpec("mm_embedding.vision_encoder", make=_vit_wrapper),
 }

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import nvtx_ranges
 from .. import scheduler_state as ss
 from . import mm_embedding
-from .base import HookSpec, Wrapper, arg, guarded, push_batch_range
+from .base import HookSpec, Wrapper, arg, guarded
+from .model_runner import marked
 
 
 def _scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
@@ -41,30 +41,8 @@ def _routine_wrapper(kind: str) -> Wrapper:
     return wrapper
 
 
-def _embed_wrapper(kind: str) -> Wrapper:
-    component = "mm_embedding.embed_legacy"
-    if kind != "sync":
-        raise ValueError(f"{component}: expected a sync target, got {kind}")
-
-    def wrapper(wrapped, instance, args, kwargs):
-        ctx = ss.current
-        if ctx is None:
-            return wrapped(*args, **kwargs)
-        pushed = push_batch_range(component, "model.embed", tuple(ctx.needs_embed))
-        m0 = guarded(component, ctx.clock.mark)
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            m1 = guarded(component, ctx.clock.mark)
-            if pushed:
-                guarded(component, nvtx_ranges.pop)
-            if m0 is not None and m1 is not None and ctx.embed is None:
-                ctx.embed = (m0, m1)
-
-    return wrapper
-
-
 HOOKS: dict[str, HookSpec] = {
     "mm_embedding.routine_legacy": HookSpec("mm_embedding.routine_legacy", make=_routine_wrapper),
-    "mm_embedding.embed_legacy": HookSpec("mm_embedding.embed_legacy", make=_embed_wrapper),
+    # the batch was scanned by the routine hook: only mark the embedding call
+    "mm_embedding.embed_legacy": marked("mm_embedding.embed_legacy", "embed", "model.embed", mm_embedding.needs_embed),
 }

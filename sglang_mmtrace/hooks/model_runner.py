@@ -6,12 +6,29 @@ they are read when the batch result is processed (see ``batch_result``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from .. import nvtx_ranges
 from .. import scheduler_state as ss
 from .base import HookSpec, Wrapper, guarded, push_batch_range
 
 
-def _marked(component: str, slot: str, stage: str) -> HookSpec:
+def _all_rids(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
+    return ctx.rids
+
+
+def marked(
+    component: str,
+    slot: str,
+    stage: str,
+    rids: Callable[[ss.FwdCtx, tuple, dict], tuple[str, ...]] = _all_rids,
+) -> HookSpec:
+    """Mark the first call of a prefill forward into ``ctx.<slot>``, inside an NVTX range for ``rids``.
+
+    ``rids`` runs before the call (plugin code, guarded); no range is pushed when it names none.
+    """
+
     def make(kind: str) -> Wrapper:
         if kind != "sync":
             raise ValueError(f"{component}: expected a sync target, got {kind}")
@@ -20,7 +37,8 @@ def _marked(component: str, slot: str, stage: str) -> HookSpec:
             ctx = ss.current
             if ctx is None:
                 return wrapped(*args, **kwargs)
-            pushed = push_batch_range(component, stage, ctx.rids)
+            names: Any = guarded(component, rids, ctx, args, kwargs)
+            pushed = bool(names) and push_batch_range(component, stage, names)
             m0 = guarded(component, ctx.clock.mark)
             try:
                 return wrapped(*args, **kwargs)
@@ -39,6 +57,6 @@ def _marked(component: str, slot: str, stage: str) -> HookSpec:
 
 
 HOOKS: dict[str, HookSpec] = {
-    "model_runner.forward": _marked("model_runner.forward", "fwd", "model.prefill"),
-    "model_runner.sample": _marked("model_runner.sample", "sample", "model.sample"),
+    "model_runner.forward": marked("model_runner.forward", "fwd", "model.prefill"),
+    "model_runner.sample": marked("model_runner.sample", "sample", "model.sample"),
 }
