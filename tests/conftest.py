@@ -7,10 +7,11 @@ session temp folder, and the log's path and tail go into failure messages.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +24,40 @@ STATE_PATH = "/mmtrace/state"
 HEALTH_TIMEOUT_S = 600.0  # healthy after ~45 s alone on 2 cores; minutes when the machine is shared
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    """ONE real server for the session, plugin on, records to ``<tmp>/records.jsonl``."""
-    folder = tmp_path_factory.mktemp("mmtrace-server")
+@contextlib.contextmanager
+def start_server(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    env: Mapping[str, str] | None = None,
+    server_args: Sequence[str] = DEMO_SERVER_ARGS,
+    plugin_enabled: bool = True,
+) -> Iterator[CpuServer]:
+    """A real CPU server with its records and log in a fresh temp folder ``name``; stopped on exit.
+
+    Every real-server fixture goes through here, so they differ only in what they pass.
+    """
+    folder = tmp_path_factory.mktemp(name)
     srv = CpuServer(
         jsonl_path=folder / "records.jsonl",
-        server_args=DEMO_SERVER_ARGS,
+        server_args=server_args,
         log_path=folder / "server.log",
         health_timeout=HEALTH_TIMEOUT_S,
+        plugin_enabled=plugin_enabled,
         # SGLang's timeout for fetching image URLs (default 3 s) is too short on a shared 2-core machine.
-        env={"REQUEST_TIMEOUT": "60"},
+        env={"REQUEST_TIMEOUT": "60", **(env or {})},
     )
     srv.start()
     try:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """ONE real server for the session, plugin on, records to ``<tmp>/records.jsonl``."""
+    with start_server(tmp_path_factory, "mmtrace-server") as srv:
+        yield srv
 
 
 def server_context(server: CpuServer) -> str:
