@@ -28,11 +28,90 @@ def request_kind(rec: dict[str, Any]) -> str:
     return "image: encoded"
 
 
+def report_group(rec: dict[str, Any]) -> str:
+    """``experiment / variant`` for bench output (its ``bench`` key), else the request kind."""
+    bench = rec.get("bench")
+    if isinstance(bench, dict) and bench.get("experiment") is not None:
+        return f"{bench['experiment']} / {bench.get('variant')}"
+    return request_kind(rec)
+
+
+def is_ok(rec: dict[str, Any]) -> bool:
+    """A request that produced a first token and a record (bench: the client saw no error either)."""
+    bench = rec.get("bench")
+    if isinstance(bench, dict) and bench.get("ok") is False:
+        return False
+    return rec.get("status") == "ok" and bool(rec.get("ttft_s"))
+
+
+def group_records(
+    records: Iterable[dict[str, Any]], group: Callable[[dict[str, Any]], str] = request_kind
+) -> dict[str, list[dict[str, Any]]]:
+    """Records by group label, in order of first appearance (failed requests included)."""
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for rec in records:
+        out[group(rec)].append(rec)
+    return dict(out)
+
+
 def stage_totals(rec: dict[str, Any]) -> dict[str, float]:
-    """Seconds per stage name for one request (repeated stages, e.g. per image, are summed)."""
+    """Seconds per stage name for one request (repeated stages, e.g. per image, are summed).
+
+    A ``skipped`` marker (the encoder the radix prefix made unnecessary) is no work: not counted."""
     out: dict[str, float] = defaultdict(float)
     for s in rec.get("stages", ()):
-        out[s["name"]] += s["dur_s"]
+        if not s.get("attrs", {}).get("skipped"):
+            out[s["name"]] += s["dur_s"]
+    return out
+
+
+def exclusive_times(rec: dict[str, Any]) -> dict[str, float]:
+    """Seconds per stage minus the time of its catalogue children present in the record.
+
+    Stages nest (``tokenize`` holds ``mm.process``, which holds ``mm.decode``...), so their raw
+    durations cannot be stacked; their exclusive times can (they add up to the attributed time).
+    """
+    totals = stage_totals(rec)
+    out = dict(totals)
+    for name, dur in totals.items():
+        parent = STAGES[name].parent if name in STAGES else None
+        if parent in out:
+            out[parent] -= dur
+    return {name: max(0.0, v) for name, v in out.items()}
+
+
+def unattributed_s(rec: dict[str, Any]) -> float:
+    """The part of TTFT no stage explains: ``ttft_s * (1 - coverage)``."""
+    return max(0.0, rec["ttft_s"] * (1.0 - rec.get("coverage", 0.0)))
+
+
+CACHES: tuple[str, ...] = ("preprocess", "embedding", "image_prefix")
+"""The caches a record reports on (``cache.preprocess``, ``cache.embedding``, ``cache.image_prefix_hit``)."""
+
+
+def cache_ratios(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per cache: hits, lookups (hit + miss; ``off`` is no lookup) and hit ratio (None without lookups).
+
+    ``image_prefix`` counts image requests whose images were all in the radix prefix cache.
+    ``prefix_tokens`` is the token-level reuse: cached_tokens / prompt_tokens over the records.
+    """
+    counts = {c: {"hit": 0, "miss": 0, "off": 0} for c in CACHES}
+    cached = prompt = 0
+    for rec in records:
+        cache = rec.get("cache") or {}
+        for c in ("preprocess", "embedding"):
+            result = cache.get(c)
+            if result in counts[c]:
+                counts[c][result] += 1
+        if rec.get("images"):
+            counts["image_prefix"]["hit" if cache.get("image_prefix_hit") else "miss"] += 1
+        cached += rec.get("cached_tokens") or 0
+        prompt += rec.get("prompt_tokens") or 0
+    out: dict[str, dict[str, Any]] = {}
+    for c, n in counts.items():
+        lookups = n["hit"] + n["miss"]
+        out[c] = {**n, "lookups": lookups, "ratio": n["hit"] / lookups if lookups else None}
+    out["prefix_tokens"] = {"cached": cached, "prompt": prompt, "ratio": cached / prompt if prompt else None}
     return out
 
 
@@ -47,13 +126,17 @@ def percentile(values: list[float], q: float) -> float:
 def summarize(
     records: Iterable[dict[str, Any]], group: Callable[[dict[str, Any]], str] = request_kind
 ) -> dict[str, dict[str, Any]]:
-    """Per group: n, ttft p50/p95, coverage min/median, and per stage p50/p95/share of TTFT."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for rec in records:
-        if rec.get("status") == "ok" and rec.get("ttft_s"):
-            groups[group(rec)].append(rec)
+    """Per group: n, ttft p50/p95, coverage min/median, and per stage p50/p95/share of TTFT.
+
+    Also the unattributed TTFT p50, cache hit ratios, failed requests (counted, never timed) and,
+    for bench output, the client-observed TTFT p50/p95.
+    """
     out: dict[str, dict[str, Any]] = {}
-    for name, recs in groups.items():
+    for name, all_recs in group_records(records, group).items():
+        recs = [r for r in all_recs if is_ok(r)]
+        if not recs:
+            out[name] = {"n": 0, "failed": len(all_recs), "stages": {}}
+            continue
         per_stage: dict[str, list[float]] = defaultdict(list)
         shares: dict[str, list[float]] = defaultdict(list)
         for rec in recs:
@@ -62,12 +145,19 @@ def summarize(
                 shares[stage].append(dur / rec["ttft_s"])
         ttfts = [r["ttft_s"] for r in recs]
         covs = [r["coverage"] for r in recs]
+        unattributed = [unattributed_s(r) for r in recs]
+        client = [r["bench"]["client_ttft_s"] for r in recs if (r.get("bench") or {}).get("client_ttft_s") is not None]
         out[name] = {
             "n": len(recs),
+            "failed": len(all_recs) - len(recs),
             "ttft_p50": percentile(ttfts, 0.5),
             "ttft_p95": percentile(ttfts, 0.95),
+            "client_ttft_p50": percentile(client, 0.5) if client else None,
+            "client_ttft_p95": percentile(client, 0.95) if client else None,
             "coverage_min": min(covs),
             "coverage_p50": statistics.median(covs),
+            "unattributed_p50": percentile(unattributed, 0.5),
+            "cache": cache_ratios(recs),
             "stages": {
                 s: {
                     "p50": percentile(v, 0.5),
@@ -85,10 +175,20 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
     """One block per group: stages indented under their parents, in ms."""
     lines = []
     for name, g in summary.items():
+        failed = f", {g['failed']} failed" if g.get("failed") else ""
+        if not g["n"]:
+            lines += [f"== {name}  (n=0{failed})", ""]
+            continue
         lines.append(
-            f"== {name}  (n={g['n']})  TTFT p50 {g['ttft_p50'] * 1e3:.1f} ms, p95 {g['ttft_p95'] * 1e3:.1f} ms;"
+            f"== {name}  (n={g['n']}{failed})  TTFT p50 {g['ttft_p50'] * 1e3:.1f} ms, p95 {g['ttft_p95'] * 1e3:.1f} ms;"
             f" coverage min {g['coverage_min']:.3f}, median {g['coverage_p50']:.3f}"
         )
+        if g.get("client_ttft_p50") is not None:
+            lines.append(
+                f"   client TTFT p50 {g['client_ttft_p50'] * 1e3:.1f} ms, p95 {g['client_ttft_p95'] * 1e3:.1f} ms"
+            )
+        if g.get("cache"):
+            lines.append("   " + format_cache_line(g["cache"]) + f"; unattributed p50 {g['unattributed_p50'] * 1e3:.2f} ms")
         lines.append(f"   {'stage':<34}{'p50 ms':>10}{'p95 ms':>10}{'share':>8}{'n':>5}")
         for stage, s in g["stages"].items():
             if stage == ROOT:
@@ -100,3 +200,16 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def format_ratio(entry: dict[str, Any]) -> str:
+    """``hits/lookups (ratio)`` or ``-`` when nothing was looked up."""
+    if entry.get("ratio") is None:
+        return "-"
+    if "lookups" in entry:
+        return f"{entry['hit']}/{entry['lookups']} ({entry['ratio'] * 100:.0f}%)"
+    return f"{entry['ratio'] * 100:.0f}%"
+
+
+def format_cache_line(cache: dict[str, dict[str, Any]]) -> str:
+    return "cache hits: " + ", ".join(f"{c} {format_ratio(cache[c])}" for c in (*CACHES, "prefix_tokens"))

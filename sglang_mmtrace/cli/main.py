@@ -19,9 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--rounds", type=int, default=5, help="rounds of the four reference requests")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
 
-    report = sub.add_parser("report", help="per-stage table (p50, p95, share of TTFT) from a JSONL file")
-    report.add_argument("file")
-    report.add_argument("--json", action="store_true")
+    from . import report as report_cli
+
+    report = sub.add_parser(
+        "report", help="per-stage table (p50, p95, share of TTFT) from a JSONL file; --html, --chrome-trace"
+    )
+    report_cli.add_arguments(report)
 
     args = parser.parse_args(argv)
     if args.cmd == "doctor":
@@ -33,13 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run(args)
     if args.cmd == "report":
-        import json
-
-        from ..analysis import format_table, read_jsonl, summarize
-
-        summary = summarize(read_jsonl(args.file))
-        print(json.dumps(summary, indent=2) if args.json else format_table(summary))
-        return 0
+        return report_cli.run(args)
     return 2
 
 
