@@ -219,7 +219,7 @@ def _status(trace: ApiTrace) -> tuple[str, str | None]:
         if http.error:
             return "error", http.error
         if http.status_code is not None and http.status_code >= 400:
-            return "error", f"HTTP {http.status_code}"
+            return "error", f"HTTP {http.status_code}" + (f" {trace.error_class}" if trace.error_class else "")
     if trace.tm_error:
         return ("aborted" if trace.tm_error == "aborted" else "error"), trace.tm_error
     if isinstance(trace.finish_reason, dict) and trace.finish_reason.get("type") == "abort":
@@ -260,7 +260,7 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     prompt_tokens = prefix.get("prompt_tokens") if prefix else trace.meta_prompt_tokens
     cached_tokens = prefix.get("cached_tokens") if prefix else trace.meta_cached_tokens
     image_prefix_hit = bool(prefix.get("image_prefix_hit")) if prefix else False
-    vit = [e for e in remote if e.name == "model.vision_encoder"]
+    vit = [e for e in remote if e.name == "model.vision_encoder" and not e.attrs.get("skipped")]
     emb_states = {e.attrs.get("embedding_cache") for e in remote if e.name in ("model.embed", "model.vision_encoder")}
     emb_states.discard(None)
     embedding = "miss" if (vit or "miss" in emb_states) else ("hit" if "hit" in emb_states else "off")
@@ -284,6 +284,7 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
         "stages": stages,
         "attributed_s": round(attributed, 9),
         "coverage": round(cov, 6),
+        **({"content": trace.content} if trace.content is not None else {}),
     }
 
 

@@ -16,7 +16,7 @@ now = time.perf_counter
 
 
 class ReqTrace:
-    __slots__ = ("t_recv", "t_enqueue", "t_match0", "t_match1", "admitted", "first_token", "fwd")
+    __slots__ = ("t_recv", "t_enqueue", "t_match0", "t_match1", "admitted", "first_token", "fwd", "vit_skipped")
 
     def __init__(self, t_recv: float, t_enqueue: float) -> None:
         self.t_recv = t_recv
@@ -26,6 +26,7 @@ class ReqTrace:
         self.admitted = False
         self.first_token = False
         self.fwd: FwdCtx | None = None  # the last prefill forward, until its result is processed
+        self.vit_skipped = 0  # images whose encoder run the radix prefix made unnecessary
 
 
 class Clock:

@@ -147,6 +147,27 @@ def names(record: dict[str, Any]) -> list[str]:
     return [s["name"] for s in record["stages"]]
 
 
+def ran(record: dict[str, Any]) -> list[str]:
+    """Names of the stages that did work: a ``skipped`` marker (encoder made unnecessary) is not one."""
+    return [s["name"] for s in record["stages"] if not s["attrs"].get("skipped")]
+
+
+def skipped_encoder_problems(record: dict[str, Any], n_images: int) -> list[str]:
+    """A request whose images all sit in the radix prefix carries exactly one zero-length
+    ``model.vision_encoder`` marker with ``skipped`` true and its image count; any other carries none."""
+    markers = [s for s in stages_named(record, "model.vision_encoder") if s["attrs"].get("skipped")]
+    if not record["cache"]["image_prefix_hit"]:
+        return [f"skipped encoder marker without an image prefix hit: {markers}"] if markers else []
+    if len(markers) != 1:
+        return [f"image prefix hit needs one skipped model.vision_encoder marker, got {len(markers)}"]
+    m, problems = markers[0], []
+    if m["dur_s"] != 0 or m["attrs"].get("images") != n_images or m["attrs"].get("embedding_cache") != "off":
+        problems.append(f"skipped marker {m} should last 0 s, name {n_images} image(s), embedding_cache off")
+    if any(not s["attrs"].get("skipped") for s in stages_named(record, "model.vision_encoder")):
+        problems.append("the encoder both ran and was skipped")
+    return problems
+
+
 def stages_named(record: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return [s for s in record["stages"] if s["name"] == name]
 
@@ -168,7 +189,7 @@ def stage_set_problems(
     and nothing outside the catalogue."""
     absent = set(absent)
     required = set(required) if required is not None else set(CONTRACT_STAGES - absent)
-    have = set(names(record))
+    have = set(ran(record))
     problems = []
     if missing := sorted(required - have):
         problems.append(f"missing stages: {missing}")
@@ -302,6 +323,7 @@ def exchange_problems(ex: Exchange, model_path: str) -> list[str]:
             f"image_prefix_hit {rec['cache']['image_prefix_hit']} but cached_tokens {rec['cached_tokens']} "
             f"vs image token spans {spans} says {expect_hit}"
         )
+    problems += skipped_encoder_problems(rec, len(ex.images))
     prefix = stages_named(rec, "scheduler.prefix_match")
     if prefix and prefix[0]["attrs"].get("image_prefix_hit") is not rec["cache"]["image_prefix_hit"]:
         problems.append("scheduler.prefix_match attrs.image_prefix_hit disagrees with cache.image_prefix_hit")

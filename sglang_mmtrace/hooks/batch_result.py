@@ -37,6 +37,7 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
                 name,
                 {**base, "images": len(hashes), "embedding_cache": "miss", "skipped": False},
             )
+    _emit_skipped_encoder(ctx, base)
     embed_end = None
     if ctx.embed is not None and ctx.needs_embed:
         e0, e1 = clock.host(ctx.embed[0]), clock.host(ctx.embed[1])
@@ -51,6 +52,18 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
         ss.emit(rids, "model.prefill", start, f1, name, base)
     if ctx.sample is not None:
         ss.emit(rids, "model.sample", clock.host(ctx.sample[0]), clock.host(ctx.sample[1]), name, base)
+
+
+def _emit_skipped_encoder(ctx: ss.FwdCtx, base: dict[str, Any]) -> None:
+    """A zero-length ``model.vision_encoder`` with ``skipped`` for requests whose images were all in
+    the radix prefix: the contract's marker that the encoder did not need to run (no time is claimed)."""
+    at = ctx.clock.host(ctx.fwd[0]) if ctx.fwd is not None else ctx.t0
+    for req in ctx.reqs:
+        tr = getattr(req, "_mmtrace", None)
+        if tr is not None and tr.vit_skipped:
+            attrs = {**base, "images": tr.vit_skipped, "embedding_cache": "off", "skipped": True}
+            ss.emit(req.rid, "model.vision_encoder", at, at, ctx.clock.name, attrs)
+            tr.vit_skipped = 0  # once per request, also when a chunked prefill spans several forwards
 
 
 def _result_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:

@@ -16,12 +16,18 @@ def _match_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 
 def image_prefix_hit(req: Any) -> bool:
     """True when every image span of the request lies inside the matched prefix (ViT skipped)."""
+    return _prefix_images(req) > 0
+
+
+def _prefix_images(req: Any) -> int:
+    """Image spans of the request when all of them lie inside the matched prefix, else 0."""
     mm = getattr(req, "multimodal_inputs", None)
     items = getattr(mm, "mm_items", None) if mm is not None else None
     if not items:
-        return False
+        return 0
     prefix = _prefix_len(req)
-    return all(e < prefix for item in items for _, e in (item.offsets or ()))
+    spans = [e for item in items for _, e in (item.offsets or ())]
+    return len(spans) if spans and all(e < prefix for e in spans) else 0
 
 
 def _prefix_len(req: Any) -> int:
@@ -43,6 +49,7 @@ def _prepare_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         m0 = tr.t_match0 if tr.t_match0 is not None else t0
         m1 = tr.t_match1 if tr.t_match1 is not None else t0
         ss.emit(req.rid, "scheduler.queue", tr.t_enqueue, m0)
+        tr.vit_skipped = _prefix_images(req)
         ss.emit(
             req.rid,
             "scheduler.prefix_match",
@@ -51,7 +58,7 @@ def _prepare_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
             attrs={
                 "cached_tokens": int(getattr(req, "cached_tokens", 0) or 0),
                 "prompt_tokens": len(req.origin_input_ids),
-                "image_prefix_hit": image_prefix_hit(req),
+                "image_prefix_hit": tr.vit_skipped > 0,
             },
         )
         tr.t_match1 = m1
