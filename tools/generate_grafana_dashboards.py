@@ -1,8 +1,13 @@
 """Generate the Grafana dashboard from the code: the stage catalogue and the metric table.
 
 ``python tools/generate_grafana_dashboards.py`` rewrites ``dashboards/sglang-mmtrace.json``;
-``--check`` exits non-zero when the file is stale. Tests check that every metric a panel queries
-is one the plugin defines, and run the queries against a real Prometheus.
+``--check`` exits non-zero when the file is stale. A small generator over the catalogue (rather
+than a dashboards-as-code SDK) because the stacked panels *are* the catalogue: one target per
+top-level stage, in catalogue order, so the stack reads top to bottom like the request does.
+
+Tests check that every metric a panel queries is one the plugin defines (or one of the SGLang
+metrics listed in ``SGLANG_METRICS``), and run every query against a real Prometheus that scraped
+the real CPU server (``tests/test_server_dashboards.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -18,202 +24,469 @@ sys.path.insert(0, str(ROOT))
 
 from sglang_mmtrace.sinks.prometheus import PREFIX  # noqa: E402
 from sglang_mmtrace.stages import _CATALOGUE  # noqa: E402
+from sglang_mmtrace.stages import ROOT as ROOT_STAGE  # noqa: E402
 
 OUT = ROOT / "dashboards" / "sglang-mmtrace.json"
 RANGE = "$__rate_interval"
-SEL = 'model=~"$model"'
+SEL = 'model=~"$model", instance=~"$instance"'
+"""Selector of the metrics that carry a ``model`` label."""
+SEL_INSTANCE = 'instance=~"$instance"'
+"""Selector of the metrics without one (caches, transport, plugin health)."""
+SGLANG_SEL = 'model_name=~"$model", instance=~"$instance"'
+"""SGLang's own metrics call the label ``model_name``; its values are the same served model name."""
+SGLANG_METRICS = ("num_queue_reqs", "num_running_reqs")
+"""SGLang's own metrics the dashboard reads (``sglang:<name>``, checked on the demo server's ``/metrics``)."""
+TRACE_SERVICE = "sglang"
+"""``service.name`` of the plugin's OTLP spans (OtlpSink's default)."""
+PROM_DS = {"type": "prometheus", "uid": "${datasource}"}
+TRACES_DS = {"type": "jaeger", "uid": "${traces}"}
+QUANTILES = (0.5, 0.95, 0.99)
+CACHED = 'kind="cached"'
+IMAGE = 'modality="image"'
+
+
+def sglang_metric(name: str) -> str:
+    """A selector for SGLang's ``sglang:<name>``, whichever way the scrape spelled it.
+
+    prometheus_client writes ``sglang:<name>`` in the text format but ``sglang_<name>`` in
+    OpenMetrics, which Prometheus negotiates by default; the regex matches both.
+    """
+    assert name in SGLANG_METRICS, name
+    return f'{{__name__=~"sglang[:_]{name}", {SGLANG_SEL}}}'
 
 
 def top_level_stages() -> list[str]:
-    """Stages directly under the root: they do not nest in each other, so a stack of them adds up."""
-    return [s.name for s in _CATALOGUE if s.parent == "request"]
+    """Stages directly under the root, in catalogue order: they do not nest, so their stack adds up."""
+    return [s.name for s in _CATALOGUE if s.parent == ROOT_STAGE]
+
+
+def nested_stages() -> list[str]:
+    """Stages inside a top-level one (image work inside ``tokenize``, the encoder inside ``model.forward``)."""
+    return [s.name for s in _CATALOGUE if s.parent not in (None, ROOT_STAGE)]
+
+
+def regex(names: list[str]) -> str:
+    """A PromQL regex matching exactly these stage names (dots escaped)."""
+    return "|".join(n.replace(".", "\\\\.") for n in names)
+
+
+def rate(metric: str, sel: str = SEL, extra: str = "") -> str:
+    labels = f"{sel}, {extra}" if extra else sel
+    return f"rate({PREFIX}{metric}{{{labels}}}[{RANGE}])"
+
+
+def quantile(q: float, metric: str, by: str = "", sel: str = SEL, extra: str = "") -> str:
+    group = f"le, {by}" if by else "le"
+    return f"histogram_quantile({q}, sum by ({group}) ({rate(metric + '_bucket', sel, extra)}))"
+
+
+def mean(metric: str, by: str = "", sel: str = SEL, extra: str = "") -> str:
+    """Mean per observation: rate of the sum over rate of the count."""
+    agg = f"sum by ({by})" if by else "sum"
+    return f"{agg} ({rate(metric + '_sum', sel, extra)}) / {agg} ({rate(metric + '_count', sel, extra)})"
+
+
+def traces_link(title: str) -> dict[str, Any]:
+    """A data link to Grafana Explore: traces of requests whose TTFT is at least the clicked value.
+
+    Prometheus holds no per-request ids (no exemplars in SGLang's multiprocess registry), so the
+    link searches the trace backend for ``request`` spans at least as slow as the point clicked,
+    in the panel's time range.
+    """
+    placeholders = {"@@MIN@@": "${__value.raw}s", "@@FROM@@": "${__from}", "@@TO@@": "${__to}", "@@DS@@": "${traces}"}
+    pane = {
+        "slow": {
+            "datasource": "@@DS@@",
+            "queries": [
+                {
+                    "refId": "A",
+                    "datasource": {"type": "jaeger", "uid": "@@DS@@"},
+                    "queryType": "search",
+                    "service": TRACE_SERVICE,
+                    "operation": ROOT_STAGE,
+                    "minDuration": "@@MIN@@",
+                    "limit": 20,
+                }
+            ],
+            "range": {"from": "@@FROM@@", "to": "@@TO@@"},
+        }
+    }
+    url = "/explore?schemaVersion=1&panes=" + urllib.parse.quote(json.dumps(pane, separators=(",", ":")), safe="")
+    for key, value in placeholders.items():
+        url = url.replace(urllib.parse.quote(key, safe=""), value)  # Grafana interpolates these raw
+    return {"title": title, "url": url, "targetBlank": False}
+
+
+class Layout:
+    """Hands out panel ids and grid positions, row by row (24 columns)."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self.y = 0
+        self.x = 0
+        self.row_h = 0
+
+    def _next_id(self) -> int:
+        return len(self.panels) + 1
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.panels.append(
+            {
+                "id": self._next_id(),
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": {"x": 0, "y": self.y, "w": 24, "h": 1},
+                "panels": [],
+            }
+        )
+        self.y += 1
+
+    def _newline(self) -> None:
+        if self.x:
+            self.y += self.row_h
+            self.x, self.row_h = 0, 0
+
+    def add(self, panel: dict[str, Any], w: int = 12, h: int = 8) -> None:
+        if self.x + w > 24:
+            self._newline()
+        panel["id"] = self._next_id()
+        panel["gridPos"] = {"x": self.x, "y": self.y, "w": w, "h": h}
+        self.panels.append(panel)
+        self.x += w
+        self.row_h = max(self.row_h, h)
 
 
 def panel(
-    pid: int,
     title: str,
     targets: list[tuple[str, str]],
-    x: int,
-    y: int,
-    w: int = 12,
-    h: int = 8,
+    description: str,
     unit: str = "s",
     stack: bool = False,
-    kind: str = "timeseries",
+    total_ref: str | None = None,
+    links: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    field: dict[str, Any] = {"unit": unit}
+    """A Prometheus time-series panel; ``stack`` stacks every target except ``total_ref`` (a dashed line)."""
+    defaults: dict[str, Any] = {"unit": unit}
     if stack:
-        field["custom"] = {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60}
+        defaults["custom"] = {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60, "lineWidth": 1}
+    if links:
+        defaults["links"] = links
+    overrides = []
+    if total_ref is not None:
+        overrides.append(
+            {
+                "matcher": {"id": "byFrameRefID", "options": total_ref},
+                "properties": [
+                    {"id": "custom.stacking", "value": {"mode": "none", "group": "A"}},
+                    {"id": "custom.fillOpacity", "value": 0},
+                    {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                    {"id": "custom.lineWidth", "value": 2},
+                    {"id": "color", "value": {"mode": "fixed", "fixedColor": "text"}},
+                ],
+            }
+        )
     return {
-        "id": pid,
-        "type": kind,
+        "type": "timeseries",
         "title": title,
-        "datasource": {"type": "prometheus", "uid": "${datasource}"},
-        "gridPos": {"x": x, "y": y, "w": w, "h": h},
-        "fieldConfig": {"defaults": field, "overrides": []},
+        "description": description,
+        "datasource": PROM_DS,
+        "fieldConfig": {"defaults": defaults, "overrides": overrides},
+        "options": {"legend": {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull", "mean"]}},
         "targets": [
-            {"refId": chr(65 + i), "expr": expr, "legendFormat": legend} for i, (expr, legend) in enumerate(targets)
+            {"refId": ref_id(i), "datasource": PROM_DS, "expr": expr, "legendFormat": legend}
+            for i, (expr, legend) in enumerate(targets)
         ],
     }
 
 
-def quantile(q: float, metric: str, by: str) -> str:
-    return f"histogram_quantile({q}, sum by (le, {by}) (rate({PREFIX}{metric}_bucket{{{SEL}}}[{RANGE}])))"
+def ref_id(i: int) -> str:
+    """A, B, ... Z, AA, AB ...: Grafana's target ids."""
+    return chr(65 + i) if i < 26 else chr(64 + i // 26) + chr(65 + i % 26)
+
+
+def breakdown(title: str, how: str) -> dict[str, Any]:
+    """Stacked top-level stages (catalogue order) and TTFT as a dashed line over them.
+
+    ``how`` is ``mean`` (adds up exactly: per-stage means plus the unattributed mean are the TTFT
+    mean) or a quantile such as ``0.95`` (every stage histogram has TTFT's bucket layout, so the
+    per-stage quantiles are comparable; quantiles of parts only approximately add up to the
+    quantile of the whole, which the dashed TTFT line shows).
+    """
+    targets: list[tuple[str, str]] = []
+    for stage in top_level_stages():
+        extra = f'stage="{stage}"'
+        expr = (
+            mean("stage_seconds", extra=extra) if how == "mean" else quantile(float(how), "stage_seconds", extra=extra)
+        )
+        targets.append((expr, stage))
+    if how == "mean":
+        targets.append((mean("ttft_unattributed_seconds"), "unattributed"))
+        targets.append((mean("ttft_seconds"), "TTFT (mean)"))
+    else:
+        targets.append((quantile(float(how), "ttft_unattributed_seconds"), "unattributed"))
+        targets.append((quantile(float(how), "ttft_seconds"), f"TTFT (p{round(float(how) * 100)})"))
+    return panel(
+        title,
+        targets,
+        "Per-request seconds in each top-level stage, stacked in catalogue order, plus the part of TTFT "
+        "no stage explains. The dashed line is TTFT itself. " + breakdown.__doc__.split("\n\n")[1].strip(),
+        stack=True,
+        total_ref=ref_id(len(targets) - 1),
+    )
+
+
+def hit_ratio(cache: str) -> str:
+    """Hits over lookups of one cache; 0 when there were lookups and no hit, no data without lookups."""
+    which = f'cache="{cache}"'
+    hits = "sum(" + rate("cache_lookups_total", SEL_INSTANCE, which + ', result="hit"') + ")"
+    lookups = "sum(" + rate("cache_lookups_total", SEL_INSTANCE, which) + ")"
+    return f"({hits} or vector(0)) / {lookups}"
+
+
+def slow_traces_panel() -> dict[str, Any]:
+    """A table of the slowest recent requests straight from the trace backend (click a trace id)."""
+    return {
+        "type": "table",
+        "title": "Slow requests: traces with TTFT >= $slow (click a trace)",
+        "description": "Root `request` spans from the trace backend whose duration (server-side TTFT) is at "
+        "least `$slow`, newest first. Each row links to the full stage-by-stage trace.",
+        "datasource": TRACES_DS,
+        "targets": [
+            {
+                "refId": "A",
+                "datasource": TRACES_DS,
+                "queryType": "search",
+                "service": TRACE_SERVICE,
+                "operation": ROOT_STAGE,
+                "minDuration": "$slow",
+                "limit": 20,
+            }
+        ],
+        "fieldConfig": {"defaults": {}, "overrides": []},
+        "options": {"showHeader": True},
+    }
 
 
 def dashboard() -> dict[str, Any]:
-    stages = "|".join(s.replace(".", "\\\\.") for s in top_level_stages())
-    panels = [
+    lay = Layout()
+    slow_link = [traces_link("Traces of requests at least this slow")]
+
+    lay.row("Time to first token")
+    for by, what in (("modality", "modality (image, text)"), ("prefix", "prefix-cache outcome (hit, partial, miss)")):
+        lay.add(
+            panel(
+                f"TTFT p50 / p95 / p99 by {by}",
+                [(quantile(q, "ttft_seconds", by), f"p{round(q * 100)} {{{{{by}}}}}") for q in QUANTILES],
+                f"Server-side TTFT (request bytes in -> first chunk written) by {what}. "
+                "Click a point to open the traces of requests at least that slow.",
+                links=slow_link,
+            )
+        )
+    lay.add(
         panel(
-            1,
-            "TTFT p50 / p95 by modality",
-            [
-                (quantile(0.5, "ttft_seconds", "modality"), "p50 {{modality}}"),
-                (quantile(0.95, "ttft_seconds", "modality"), "p95 {{modality}}"),
-            ],
-            0,
-            0,
-        ),
-        panel(
-            2,
-            "TTFT p50 by image prefix-cache outcome",
-            [
-                (quantile(0.5, "ttft_seconds", "prefix"), "{{prefix}}"),
-            ],
-            12,
-            0,
-        ),
-        panel(
-            3,
-            "Where TTFT goes: seconds per request by top-level stage (stacked) + unexplained",
-            [
-                (
-                    f'sum by (stage) (rate({PREFIX}stage_seconds_sum{{{SEL}, stage=~"{stages}"}}[{RANGE}])) / '
-                    f"ignoring(stage) group_left sum(rate({PREFIX}ttft_seconds_count{{{SEL}}}[{RANGE}]))",
-                    "{{stage}}",
-                ),
-                (
-                    f"sum(rate({PREFIX}ttft_unattributed_seconds_sum{{{SEL}}}[{RANGE}])) / "
-                    f"sum(rate({PREFIX}ttft_seconds_count{{{SEL}}}[{RANGE}]))",
-                    "unattributed",
-                ),
-            ],
-            0,
-            8,
-            w=24,
-            h=10,
-            stack=True,
-        ),
-        panel(
-            4,
-            "Multimodal stages p50",
-            [
-                (
-                    quantile(0.5, "stage_seconds", "stage").replace(
-                        SEL, SEL + ', stage=~"mm\\\\..*|model\\\\..*|transport\\\\..*"'
-                    ),
-                    "{{stage}}",
-                ),
-            ],
-            0,
-            18,
-        ),
-        panel(
-            5,
-            "Cache hit ratio",
-            [
-                (
-                    f'sum by (cache) (rate({PREFIX}cache_lookups_total{{result="hit"}}[{RANGE}])) / '
-                    f"sum by (cache) (rate({PREFIX}cache_lookups_total[{RANGE}]))",
-                    "{{cache}}",
-                ),
-            ],
-            12,
-            18,
-            unit="percentunit",
-        ),
-        panel(
-            6,
-            "Prompt tokens from the prefix cache",
-            [
-                (
-                    f'sum(rate({PREFIX}prefix_tokens_total{{kind="cached"}}[{RANGE}])) / '
-                    f"sum(rate({PREFIX}prefix_tokens_total[{RANGE}]))",
-                    "cached share",
-                ),
-            ],
-            0,
-            26,
-            unit="percentunit",
-        ),
-        panel(
-            7,
-            "Feature transport bytes/s",
-            [
-                (f"sum by (mode) (rate({PREFIX}transport_bytes_total[{RANGE}]))", "{{mode}}"),
-            ],
-            12,
-            26,
-            unit="Bps",
-        ),
-        panel(
-            8,
             "Requests/s by status",
-            [
-                (f"sum by (status) (rate({PREFIX}requests_total{{{SEL}}}[{RANGE}]))", "{{status}}"),
-            ],
-            0,
-            34,
+            [(f"sum by (status) ({rate('requests_total')})", "{{status}}")],
+            "Finished requests per second (ok, error, abort).",
             unit="reqps",
         ),
+        w=8,
+    )
+    lay.add(
         panel(
-            9,
-            "Visual tokens per image p50 / p95",
-            [
-                (quantile(0.5, "visual_tokens", "model"), "p50"),
-                (quantile(0.95, "visual_tokens", "model"), "p95"),
-            ],
-            12,
-            34,
-            unit="none",
+            "Unattributed share of TTFT",
+            [(f"sum ({rate('ttft_unattributed_seconds_sum')}) / sum ({rate('ttft_seconds_sum')})", "unattributed")],
+            "Part of TTFT that no stage explains, over all requests: 1 - coverage. Low is good; a rise "
+            "means time is going somewhere the plugin does not measure.",
+            unit="percentunit",
         ),
+        w=8,
+    )
+    lay.add(slow_traces_panel(), w=8)
+
+    lay.row("Where TTFT goes (stacked stages add up to TTFT)")
+    lay.add(breakdown("TTFT breakdown: mean seconds per request by stage", "mean"), w=24, h=10)
+    lay.add(breakdown("TTFT breakdown: p50 per stage", "0.5"), w=12, h=10)
+    lay.add(breakdown("TTFT breakdown: p95 per stage", "0.95"), w=12, h=10)
+    lay.add(
         panel(
-            10,
-            "Plugin health: contained errors and dropped data /s",
-            [
-                (f"sum by (component) (rate({PREFIX}errors_total[{RANGE}]))", "error {{component}}"),
-                (f"sum by (sink) (rate({PREFIX}dropped_total[{RANGE}]))", "dropped {{sink}}"),
-            ],
-            0,
-            42,
-            w=24,
-            unit="none",
+            "Nested stages (inside tokenize, dispatch, model.forward): p50",
+            [(quantile(0.5, "stage_seconds", "stage", extra=f'stage=~"{regex(nested_stages())}"'), "{{stage}}")],
+            "Image work inside `tokenize` (load, preprocessing cache, decode, resize/normalize, expand), the "
+            "feature hand-off, and the vision encoder / embedding / prefill / sampling inside `model.forward`.",
         ),
-    ]
+        w=24,
+    )
+
+    lay.row("Caches, transport, visual tokens")
+    lay.add(
+        panel(
+            "Cache hit ratios",
+            [
+                (hit_ratio("preprocess"), "preprocess cache"),
+                (hit_ratio("embedding"), "embedding cache"),
+                (hit_ratio("prefix_image"), "image prefix (radix)"),
+            ],
+            "Preprocessing-artifact cache, multimodal embedding cache (a hit skips the vision encoder) and "
+            "image requests whose image tokens came from the radix prefix cache.",
+            unit="percentunit",
+        )
+    )
+    lay.add(
+        panel(
+            "Prompt tokens served from the prefix cache",
+            [
+                (
+                    f"sum ({rate('prefix_tokens_total', SEL_INSTANCE, CACHED)}) / "
+                    f"sum ({rate('prefix_tokens_total', SEL_INSTANCE)})",
+                    "cached share",
+                )
+            ],
+            "Share of prompt tokens (text and visual) that the radix cache served instead of computing.",
+            unit="percentunit",
+        )
+    )
+    lay.add(
+        panel(
+            "Feature transport bytes/s by mode",
+            [(f"sum by (mode) ({rate('transport_bytes_total', SEL_INSTANCE)})", "{{mode}}")],
+            "Image feature bytes handed from the API process to the scheduler, by hand-off mode "
+            "(shared memory on CPU, CUDA IPC handles on a GPU).",
+            unit="Bps",
+        )
+    )
+    lay.add(
+        panel(
+            "Visual tokens per image request",
+            [
+                (
+                    f"sum ({rate('visual_tokens_sum')}) / sum ({rate('ttft_seconds_count', extra=IMAGE)})",
+                    "mean per image request",
+                ),
+                (quantile(0.5, "visual_tokens"), "p50 per image"),
+                (quantile(0.95, "visual_tokens"), "p95 per image"),
+            ],
+            "Visual tokens an image turns into (after placeholder expansion): drives encoder and prefill time.",
+            unit="none",
+        )
+    )
+
+    lay.row("Queue")
+    queue = 'stage="scheduler.queue"'
+    lay.add(
+        panel(
+            "Queue time (scheduler.queue) p50 / p95 / p99",
+            [(quantile(q, "stage_seconds", extra=queue), f"p{round(q * 100)}") for q in QUANTILES],
+            "Time from arriving in the scheduler's waiting queue to admission into a prefill batch.",
+        )
+    )
+    lay.add(
+        panel(
+            "Requests waiting and running (SGLang)",
+            [
+                (f"sum ({sglang_metric('num_queue_reqs')})", "waiting"),
+                (f"sum ({sglang_metric('num_running_reqs')})", "running"),
+            ],
+            "SGLang's own gauges: requests in the waiting queue and in the running batch.",
+            unit="none",
+        )
+    )
+
+    lay.row("Plugin health")
+    lay.add(
+        panel(
+            "Contained plugin errors/s by component",
+            [(f"sum by (component) ({rate('errors_total', SEL_INSTANCE)})", "{{component}}")],
+            "Failures of plugin hooks or sinks that were contained (serving went on). Any is a bug to report.",
+            unit="none",
+        )
+    )
+    lay.add(
+        panel(
+            "Dropped records/spans/events per second by sink",
+            [(f"sum by (sink) ({rate('dropped_total', SEL_INSTANCE)})", "{{sink}}")],
+            "Data dropped under back-pressure (e.g. spans when the OTLP collector is slow or absent).",
+            unit="none",
+        )
+    )
+
     return {
         "uid": "sglang-mmtrace",
         "title": "SGLang multimodal TTFT breakdown (sglang-mmtrace)",
+        "description": "Generated by tools/generate_grafana_dashboards.py from the stage catalogue; do not edit by hand.",
+        "tags": ["sglang", "sglang-mmtrace", "ttft"],
         "schemaVersion": 39,
         "version": 1,
         "editable": True,
         "refresh": "10s",
         "time": {"from": "now-1h", "to": "now"},
-        "templating": {
-            "list": [
-                {"name": "datasource", "type": "datasource", "query": "prometheus"},
-                {
-                    "name": "model",
-                    "type": "query",
-                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
-                    "query": f"label_values({PREFIX}requests_total, model)",
-                    "includeAll": True,
-                    "multi": True,
-                    "current": {"text": "All", "value": "$__all"},
-                },
-            ]
-        },
-        "panels": panels,
+        "templating": {"list": template_variables()},
+        "links": [],
+        "panels": lay.panels,
     }
+
+
+def template_variables() -> list[dict[str, Any]]:
+    def query_var(name: str, query: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "label": name,
+            "type": "query",
+            "datasource": PROM_DS,
+            "definition": query,
+            "query": {"query": query, "refId": f"{name}-var"},
+            "refresh": 2,
+            "includeAll": True,
+            "allValue": ".*",
+            "multi": True,
+            "sort": 1,
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        }
+
+    return [
+        {"name": "datasource", "label": "metrics", "type": "datasource", "query": "prometheus"},
+        {"name": "traces", "label": "traces", "type": "datasource", "query": "jaeger"},
+        query_var("model", f"label_values({PREFIX}requests_total, model)"),
+        query_var("instance", f'label_values({PREFIX}requests_total{{model=~"$model"}}, instance)'),
+        {
+            "name": "slow",
+            "label": "slow TTFT >=",
+            "type": "custom",
+            "query": "250ms,500ms,1s,2s,5s,10s",
+            "current": {"selected": True, "text": "1s", "value": "1s"},
+            "options": [
+                {"selected": v == "1s", "text": v, "value": v} for v in ("250ms", "500ms", "1s", "2s", "5s", "10s")
+            ],
+        },
+    ]
+
+
+def prometheus_targets(board: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(panel title, refId, PromQL) of every Prometheus target of a dashboard, rows included."""
+    out = []
+    for p in board["panels"]:
+        for sub in [p, *p.get("panels", [])]:
+            if sub.get("datasource", {}).get("type") != "prometheus":
+                continue
+            out.extend((sub["title"], t["refId"], t["expr"]) for t in sub.get("targets", []))
+    return out
+
+
+def variable_queries(board: dict[str, Any]) -> dict[str, str]:
+    """Template variable name -> its Prometheus query (``label_values(...)``)."""
+    return {
+        v["name"]: v["query"]["query"]
+        for v in board["templating"]["list"]
+        if v["type"] == "query" and v["datasource"]["type"] == "prometheus"
+    }
+
+
+def substitute(expr: str, rate_interval: str) -> str:
+    """The query Grafana sends with every variable at "All" (regex ``.*``) and a given rate window."""
+    for name in ("model", "instance"):
+        expr = expr.replace(f"${name}", ".*").replace(f"${{{name}}}", ".*")
+    return expr.replace(RANGE, rate_interval)
 
 
 def render() -> str:

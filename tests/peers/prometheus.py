@@ -1,8 +1,9 @@
 """Run a real Prometheus server (Debian package ``prometheus``) and ``promtool`` from tests.
 
 The package starts no service on these machines; :class:`PrometheusServer` starts
-``prometheus`` itself with a generated config that scrapes one target every second, a temporary
-TSDB and a free port on 127.0.0.1, and stops it (SIGTERM, then SIGKILL) when done.
+``prometheus`` itself with a generated config that scrapes one target every second (and evaluates
+the given rule files as often), a temporary TSDB and a free port on 127.0.0.1, and stops it
+(SIGTERM, then SIGKILL) when done.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +48,16 @@ class PrometheusServer:
 
     JOB = "sglang"
 
-    def __init__(self, target: str, folder: Path, metrics_path: str = "/metrics", interval_s: int = 1) -> None:
+    def __init__(
+        self,
+        target: str,
+        folder: Path,
+        metrics_path: str = "/metrics",
+        interval_s: int = 1,
+        rule_files: Sequence[Path] = (),
+    ) -> None:
         self.target = target
+        self.rule_files = [Path(p).resolve() for p in rule_files]
         self.folder = folder
         self.metrics_path = metrics_path
         self.interval_s = interval_s
@@ -61,12 +71,14 @@ class PrometheusServer:
         return f"http://127.0.0.1:{self.port}"
 
     def config(self) -> str:
+        rules = "".join(f"  - {json.dumps(str(p))}\n" for p in self.rule_files)
         return (
             "global:\n"
             f"  scrape_interval: {self.interval_s}s\n"
             f"  scrape_timeout: {self.interval_s}s\n"
             f"  evaluation_interval: {self.interval_s}s\n"
-            "scrape_configs:\n"
+            + (f"rule_files:\n{rules}" if rules else "")
+            + "scrape_configs:\n"
             f"  - job_name: {self.JOB}\n"
             f"    metrics_path: {self.metrics_path}\n"
             "    static_configs:\n"
@@ -153,6 +165,10 @@ class PrometheusServer:
         result = self.query(promql, at)
         assert len(result) <= 1, f"{promql}: expected at most one series, got {result}"
         return result[0]["value"] if result else default
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Active alerts (pending or firing) of the loaded alerting rules: ``GET /api/v1/alerts``."""
+        return list(self.api("alerts")["alerts"])
 
     def last_scrape_unix(self) -> float | None:
         """Timestamp (unix s) of the latest successful scrape of the target, from ``timestamp(up)``."""
