@@ -1,7 +1,7 @@
 """One server run of the reference experiment against real SGLang (0.5.17 on the H200), plugin on.
 
     python benchmarks/gpu/drive_017.py --model DIR --out OUTDIR --label ipc [--rounds 5]
-        [--deadline EPOCH_S] [--server-flags "..."] [-- extra server args]
+        [--deadline EPOCH_S] [--server-flags "..."] [--nsys OUT_BASE] [-- extra server args]
 
 Starts ``python3 -m sglang.launch_server`` (records to OUTDIR/records_<label>.jsonl), waits for
 /health, sends a warm-up round (the first request pays Triton JIT), then ``rounds`` rounds of the
@@ -46,8 +46,32 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int | None, bytes]:
         return None, b""
 
 
-def start_server(args: argparse.Namespace, jsonl: Path, log_path: Path, extra: list[str]) -> subprocess.Popen:
+def nsys_prefix(out_base: str) -> list[str]:
+    """Nsight Systems around the whole server (the scheduler is a spawned child, so follow exec);
+    collection only between SGLang's ``/start_profile`` and ``/stop_profile`` with CUDA_PROFILER."""
+    return [
+        os.environ.get("NSYS", "nsys"), "profile", "-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none",
+        "--trace-fork-before-exec=true", "--capture-range=cudaProfilerApi", "--capture-range-end=stop-shutdown",
+        "-o", out_base, "--force-overwrite=true",
+    ]  # fmt: skip
+
+
+def http_post(url: str, body: dict[str, Any], timeout: float = 30.0) -> tuple[int | None, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except Exception as e:
+        return None, repr(e).encode()
+
+
+def start_server(
+    args: argparse.Namespace, jsonl: Path, log_path: Path, extra: list[str], env: dict[str, str] | None = None
+) -> subprocess.Popen:
     cmd = [
+        *(nsys_prefix(args.nsys) if args.nsys else []),
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", args.model,
         "--host", "127.0.0.1", "--port", str(args.port),
@@ -55,7 +79,7 @@ def start_server(args: argparse.Namespace, jsonl: Path, log_path: Path, extra: l
         "--enable-metrics",
         *extra,
     ]  # fmt: skip
-    env = dict(os.environ, SGLANG_MMTRACE_JSONL=str(jsonl), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, SGLANG_MMTRACE_JSONL=str(jsonl), PYTHONUNBUFFERED="1", **(env or {}))
     log("server: " + " ".join(cmd))
     fh = log_path.open("wb")
     return subprocess.Popen(
@@ -133,6 +157,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             warm.append(one(base, "warmup: " + kind, messages, timeout=max(30.0, args.deadline - time.time() - 60)))
             log(f"warm-up {kind}: {time.monotonic() - t0:.2f} s")
         summary["warmup"] = warm
+        if args.nsys:
+            summary["start_profile"] = http_post(base + "/start_profile", {"activities": ["CUDA_PROFILER"]})
+            log(f"start_profile: {summary['start_profile']}")
         for r in range(args.rounds):
             if time.time() > args.deadline - 45:
                 summary["errors"].append(f"stopped before round {r}: deadline")
@@ -151,6 +178,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         summary["records_seen"] = len(records)
         status, body = http_get(base + "/mmtrace/state")
         summary["mmtrace_state_after"] = {"http": status, "body": _json(body)}
+        if args.nsys:
+            # stop-shutdown: nsys ends the collection, stops the server and writes the report
+            summary["stop_profile"] = http_post(base + "/stop_profile", {}, timeout=60.0)
+            try:
+                proc.wait(timeout=max(10.0, min(240.0, args.deadline - time.time())))
+            except subprocess.TimeoutExpired:
+                summary["errors"].append("nsys did not finish before the deadline")
+            log(f"stop_profile: {summary['stop_profile']}; nsys exit {proc.returncode}")
     except Exception as exc:
         summary["errors"].append(repr(exc))
         log(f"ERROR {exc!r}")
@@ -230,6 +265,7 @@ def main() -> int:
     ap.add_argument("--health-timeout", type=float, default=300.0)
     ap.add_argument("--server-flags", default=os.environ.get("SGLANG_GPU_FLAGS", ""))
     ap.add_argument("--log-dir", default="/tmp")
+    ap.add_argument("--nsys", default=None, help="profile the measured rounds with Nsight Systems into this base path")
     return run(ap.parse_args(argv), extra)
 
 

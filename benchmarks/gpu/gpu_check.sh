@@ -1,0 +1,51 @@
+#!/bin/bash
+# End-to-end GPU check: real SGLang + the plugin + a tiny Qwen3-VL built on the spot, the reference
+# requests, optionally under Nsight Systems; results into OUTDIR.
+#
+#   benchmarks/gpu/gpu_check.sh OUTDIR [PHASE ...]        (default phases: doctor ipc cpu)
+#
+# Phases: doctor (sglang-mmtrace doctor), ipc (default feature transport), cpu (--mm-feature-transport
+# cpu), nsys (ipc under Nsight Systems: records, the sqlite export trimmed, `sglang-mmtrace nsys`),
+# ab (plugin on vs off, two servers, requests interleaved: benchmarks/gpu/ab_017.py).
+# Env: SGLANG_GPU_FLAGS (server flags), ROUNDS (5), AB_ROUNDS (30), BUDGET_S (570), NSYS (nsys binary),
+# QDSTRM_IMPORTER + NSYS_IMPORTER_LIBS (only where `nsys profile` stops at a .qdstrm, as on the H200 here).
+set -u
+OUT=${1:?usage: gpu_check.sh OUTDIR [PHASE ...]}; shift
+PHASES=${*:-doctor ipc cpu}
+T0=$(date +%s); DEADLINE=$((T0 + ${BUDGET_S:-570})); ROUNDS=${ROUNDS:-5}
+NSYS=${NSYS:-nsys}; export NSYS
+mkdir -p "$OUT"
+log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+python3 -c "import sglang, torch, importlib.metadata as m; print('sglang', m.version('sglang'), 'torch', torch.__version__)"
+MODEL=${MODEL:-/tmp/tiny-qwen3vl}
+[ -f "$MODEL/config.json" ] || python3 -c "from pathlib import Path; from sglang_mmtrace.harness.tiny_model import build_tiny_qwen3vl; build_tiny_qwen3vl(Path('$MODEL'))" || { log "model build failed"; exit 3; }
+drive() { python3 benchmarks/gpu/drive_017.py --model "$MODEL" --out "$OUT" --rounds "$ROUNDS" --deadline "$DEADLINE" "$@"; }
+server_log() { [ -f "/tmp/server_$1.log" ] && { echo "===== server_$1.log"; grep -aiE "mmtrace|transport|Traceback|Error|profil" "/tmp/server_$1.log" | grep -v "server_args=" | head -40; echo "----- tail"; tail -n 30 "/tmp/server_$1.log" | cut -c1-400; } >> "$OUT/server_logs.txt" 2>&1; }
+for phase in $PHASES; do
+  log "phase $phase"
+  case $phase in
+    doctor) { python3 -m sglang_mmtrace.cli.main doctor; echo "doctor exit $?"; } > "$OUT/doctor.txt" 2>&1 ;;
+    ipc) drive --label ipc --port 30000; server_log ipc ;;
+    cpu) drive --label cpu --port 30001 -- --mm-feature-transport cpu; server_log cpu ;;
+    nsys)
+      P=/tmp/mmtrace_nsys; rm -f $P.*
+      drive --label nsys --port 30002 --nsys $P; server_log nsys
+      if [ ! -f $P.nsys-rep ] && [ -f $P.qdstrm ] && [ -n "${QDSTRM_IMPORTER:-}" ]; then
+        LD_LIBRARY_PATH=${NSYS_IMPORTER_LIBS:-} "$QDSTRM_IMPORTER" --input-file $P.qdstrm > /dev/null
+      fi
+      ls -la $P.* 2>&1 | sed 's/^/  /'
+      "$NSYS" export --type sqlite --force-overwrite true -o $P.sqlite $P.nsys-rep > /dev/null && \
+        python3 benchmarks/gpu/trim_nsys_sqlite.py $P.sqlite "$OUT/nsys_trimmed.sqlite" && \
+        python3 -m sglang_mmtrace.cli.main nsys $P.sqlite --records "$OUT/records_nsys.jsonl" | tee "$OUT/nsys_summary.txt"
+      ;;
+    ab) python3 benchmarks/gpu/ab_017.py --model "$MODEL" --out "$OUT" --rounds "${AB_ROUNDS:-30}" --deadline "$DEADLINE"
+        for a in on off; do server_log ab_$a; done ;;
+    *) log "unknown phase $phase" ;;
+  esac
+  log "phase $phase done"
+done
+for l in ipc cpu nsys; do
+  [ -f "$OUT/records_$l.jsonl" ] && { echo "== $l: all records"; python3 -m sglang_mmtrace.cli.main report "$OUT/records_$l.jsonl"; } >> "$OUT/report.txt" 2>&1
+done
+log "finished"
