@@ -26,6 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     report_cli.add_arguments(report)
 
+    from . import bench as bench_cli
+
+    bench_cli.add_arguments(
+        sub.add_parser("bench", help="controlled experiments (new-vs-repeat, order, caches, transport, overhead, concurrency)")
+    )
+
     args = parser.parse_args(argv)
     if args.cmd == "doctor":
         from .doctor import run
@@ -37,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.cmd == "report":
         return report_cli.run(args)
+    if args.cmd == "bench":
+        return bench_cli.run(args)
     return 2
 
 

@@ -20,11 +20,13 @@ ImageFormat = Literal["PNG", "JPEG"]
 _MIME: dict[str, str] = {"PNG": "image/png", "JPEG": "image/jpeg", "JPG": "image/jpeg"}
 
 
-def make_image(width: int, height: int, seed: int, fmt: ImageFormat = "PNG") -> bytes:
+def make_image(width: int, height: int, seed: int, fmt: ImageFormat = "PNG", label: str | None = None) -> bytes:
     """Render a seed-dependent RGB image and return it encoded as PNG or JPEG bytes.
 
     Structured content (not noise) keeps the files small and realistic for an image processor,
-    and the encoder settings are fixed so the bytes are reproducible.
+    and the encoder settings are fixed so the bytes are reproducible. ``label`` draws that text on
+    a box in the top-left corner (the bench labels its images with a run nonce, so "new" images
+    are new even on a long-lived server that saw the same seeds before).
     """
     fmt_u = fmt.upper()
     if fmt_u not in _MIME:
@@ -58,6 +60,10 @@ def make_image(width: int, height: int, seed: int, fmt: ImageFormat = "PNG") -> 
             draw.ellipse((x0, y0, x1, y1), fill=color)
         else:
             draw.line((x0, y0, x1, y1), fill=color, width=rng.randint(1, 6))
+    if label:
+        box = draw.textbbox((4, 4), label)
+        draw.rectangle((box[0] - 2, box[1] - 2, box[2] + 2, box[3] + 2), fill=(255, 255, 255))
+        draw.text((4, 4), label, fill=(0, 0, 0))
 
     buf = io.BytesIO()
     if fmt_u == "PNG":

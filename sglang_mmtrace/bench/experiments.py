@@ -1,0 +1,168 @@
+"""The request plans of the experiments: what is sent, in which (interleaved) order, under which
+variant. Each plan starts with warm-up requests (excluded from the output) that also prime what
+the measured requests expect to find cached (the repeated image).
+
+Images are new per run: every one is labelled with the run's nonce, so "new" stays new on a
+long-lived server that served earlier runs; questions start with a random word so that a
+question-first prompt shares only the chat template with earlier prompts.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..harness import data_url, image_message, make_image
+
+QUESTION = "What is in this image?"
+STEMS = (
+    "what colour dominates this picture?",
+    "which shape is the largest?",
+    "how many shapes can you see?",
+    "is there any text in the image?",
+    "describe the picture in five words.",
+    "where is the brightest region?",
+    "what does the background look like?",
+    "name one object you can see.",
+)
+# Per-target experiments run against any server; the rest launch their own server configurations.
+PER_TARGET = ("new-vs-repeat", "order", "concurrency")
+LAUNCHED = ("caches", "transport", "overhead")
+ALL = (*PER_TARGET, *LAUNCHED)
+CONCURRENCY_DEFAULT = (1, 4, 16, 64)
+
+
+@dataclass
+class Options:
+    n: int = 20
+    questions: int = 100
+    size: tuple[int, int] = (512, 512)
+    warmup: int = 2
+    max_tokens: int = 8
+    seed: int = 0
+    concurrency: tuple[int, ...] = CONCURRENCY_DEFAULT
+    timeout: float = 120.0
+
+    @property
+    def nonce(self) -> str:
+        return f"{self.seed & 0xFFFFFFFF:08x}"
+
+
+@dataclass
+class Planned:
+    """One request of a plan; ``variants`` of one ``group`` are compared (index 0 = baseline)."""
+
+    experiment: str
+    variant: str
+    variant_index: int
+    group: str
+    messages: list[dict[str, Any]]
+    round: int
+    warmup: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Images:
+    """Distinct labelled images for one plan, from one seed stream."""
+
+    def __init__(self, opts: Options, tag: str) -> None:
+        self.opts, self.tag, self.i = opts, tag, 0
+
+    def new(self) -> str:
+        self.i += 1
+        w, h = self.opts.size
+        seed = (self.opts.seed * 7919 + zlib.crc32(self.tag.encode()) % 100_003 + self.i) & 0x7FFFFFFF
+        return data_url(make_image(w, h, seed, label=f"{self.opts.nonce} {self.tag} {self.i}"))
+
+
+def question(rng: random.Random, i: int) -> str:
+    """A question whose first word is random, so question-first prompts share only the template."""
+    return f"{rng.getrandbits(24):06x} {STEMS[i % len(STEMS)]}"
+
+
+def new_vs_repeat(opts: Options) -> list[Planned]:
+    """N distinct images vs one image repeated (same question, image first), interleaved."""
+    rng = random.Random(opts.seed + 1)
+    imgs = Images(opts, "nvr")
+    same = imgs.new()
+    exp, variants = "new-vs-repeat", ("new image", "repeated image")
+    plan = [Planned(exp, variants[1], 1, "image", [image_message(QUESTION, [same])], -1, warmup=True)]
+    plan += [
+        Planned(exp, variants[0], 0, "image", [image_message(QUESTION, [imgs.new()])], -1, warmup=True)
+        for _ in range(opts.warmup)
+    ]
+    for r in range(opts.n):
+        pair = [
+            Planned(exp, variants[0], 0, "image", [image_message(QUESTION, [imgs.new()])], r),
+            Planned(exp, variants[1], 1, "image", [image_message(QUESTION, [same])], r),
+        ]
+        rng.shuffle(pair)
+        plan += pair
+    return plan
+
+
+def order(opts: Options) -> list[Planned]:
+    """One image, ``questions`` different questions, each asked image-first and question-first."""
+    rng = random.Random(opts.seed + 2)
+    img = Images(opts, "order").new()
+    exp, variants = "order", ("image first", "question first")
+    plan = [
+        Planned(exp, variants[i % 2], i % 2, "order", [image_message(question(rng, i), [img], i % 2 == 0)], -1, True)
+        for i in range(max(1, opts.warmup))
+    ]
+    for r in range(opts.questions):
+        q = question(rng, r)
+        pair = [
+            Planned(exp, variants[0], 0, "order", [image_message(q, [img], image_first=True)], r),
+            Planned(exp, variants[1], 1, "order", [image_message(q, [img], image_first=False)], r),
+        ]
+        rng.shuffle(pair)
+        plan += pair
+    return plan
+
+
+def concurrency_levels(opts: Options) -> tuple[list[Planned], list[tuple[int, list[Planned]]]]:
+    """Warm-up, then per level ``c``: ``max(n, c)`` requests, each with a new image."""
+    imgs = Images(opts, "conc")
+    exp = "concurrency"
+    warm = [Planned(exp, "warm-up", 0, exp, [image_message(QUESTION, [imgs.new()])], -1, True) for _ in range(opts.warmup)]
+    levels = []
+    for idx, c in enumerate(opts.concurrency):
+        reqs = [
+            Planned(exp, f"{c} clients", idx, exp, [image_message(QUESTION, [imgs.new()])], r, extra={"concurrency": c})
+            for r in range(max(opts.n, c))
+        ]
+        levels.append((c, reqs))
+    return warm, levels
+
+
+CACHE_KINDS = ("new image", "same image again", "same image, new question first")
+
+
+def cache_requests(opts: Options, exp: str, config_label: str, config_index: int) -> list[Planned]:
+    """The same request set for every server configuration: a new image; a repeated image
+    (radix prefix hit when the radix cache is on); the repeated image after a new question
+    (prefix miss: the preprocess and embedding caches are what can save work)."""
+    rng = random.Random(opts.seed + 3)  # the same questions and order under every configuration
+    imgs = Images(opts, f"{exp}{config_index}")
+    same = imgs.new()
+
+    def req(kind: str, r: int, warm: bool = False) -> Planned:
+        if kind == CACHE_KINDS[0]:
+            msg = image_message(QUESTION, [imgs.new()])
+        elif kind == CACHE_KINDS[1]:
+            msg = image_message(QUESTION, [same])
+        else:
+            msg = image_message(question(rng, r), [same], image_first=False)
+        return Planned(
+            exp, f"{config_label}: {kind}", config_index, kind, [msg], r, warm, extra={"config": config_label}
+        )
+
+    plan = [req(CACHE_KINDS[1], -1, True)] + [req(CACHE_KINDS[0], -1, True) for _ in range(opts.warmup)]
+    for r in range(opts.n):
+        kinds = list(CACHE_KINDS)
+        rng.shuffle(kinds)
+        plan += [req(k, r) for k in kinds]
+    return plan

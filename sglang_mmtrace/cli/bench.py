@@ -1,0 +1,112 @@
+"""``sglang-mmtrace bench``: run experiments, print a table, write the JSONL that ``report`` reads.
+
+Each output line is the plugin's record of one measured request plus a ``bench`` key
+(experiment, variant, client TTFT/e2e, ok, error, usage tokens, ...); requests without a record
+(failed, plugin off, no ``--records``) still get a line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import secrets
+import shlex
+import sys
+from pathlib import Path
+
+from ..bench import ALL
+from ..bench.experiments import CONCURRENCY_DEFAULT, Options
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    t = p.add_argument_group("target (one of)")
+    t.add_argument("--url", help="a running server, e.g. http://127.0.0.1:30000")
+    t.add_argument("--records", help="that server's SGLANG_MMTRACE_JSONL (on this machine)")
+    t.add_argument(
+        "--launch",
+        action="append",
+        default=[],
+        metavar="ARGS",
+        help="launch a server with these sglang serve args (repeatable; one server at a time; leading KEY=VALUE "
+        "words are its environment). No GPU: the real CPU server with the tiny Qwen3-VL plus ARGS. GPU: "
+        "python -m sglang.launch_server ARGS (name the model). Default without --url: the CPU demo config",
+    )
+    t.add_argument("--launcher", choices=("auto", "cpu", "gpu"), default="auto", help="which server --launch starts")
+    p.add_argument("--experiment", action="append", required=True, choices=ALL, help="repeatable")
+    p.add_argument("--n", type=int, default=20, help="measured requests (rounds) per variant (default 20)")
+    p.add_argument("--questions", type=int, default=100, help="order: number of questions (default 100)")
+    p.add_argument("--size", default="512", help="image size: N or WxH (default 512)")
+    p.add_argument(
+        "--concurrency",
+        default=",".join(map(str, CONCURRENCY_DEFAULT)),
+        help="concurrency: comma-separated client counts (default 1,4,16,64)",
+    )
+    p.add_argument("--warmup", type=int, default=2, help="warm-up requests per experiment, excluded (default 2)")
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--seed", type=int, default=None, help="image/question seed (default: random per run)")
+    p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request (s)")
+    p.add_argument("--records-timeout", type=float, default=30.0, help="how long to wait for records (s)")
+    p.add_argument("--no-pause", action="store_true", help="overhead: leave the idle server running (default: SIGSTOP)")
+    p.add_argument("--work-dir", default=None, help="launched servers' logs and records (default: a temp folder)")
+    p.add_argument("--out", default=None, help="write the output lines (JSONL) here")
+    p.add_argument("--json", action="store_true", help="print the summaries as JSON instead of the table")
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    w, _, h = text.lower().partition("x")
+    return int(w), int(h or w)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import driver
+    from ..bench.summary import format_table, summaries
+    from ..bench.targets import configs_from, gpu_available
+
+    if args.url and args.launch:
+        print("bench: give --url or --launch, not both", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else secrets.randbits(31)
+    opts = Options(
+        n=args.n,
+        questions=args.questions,
+        size=parse_size(args.size),
+        warmup=args.warmup,
+        max_tokens=args.max_tokens,
+        seed=seed,
+        concurrency=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
+        timeout=args.timeout,
+    )
+    gpu = gpu_available() if args.launcher == "auto" else args.launcher == "gpu"
+    st = driver.Settings(
+        experiments=list(dict.fromkeys(args.experiment)),
+        opts=opts,
+        url=args.url.rstrip("/") if args.url else None,
+        records=Path(args.records) if args.records else None,
+        launch=configs_from(args.launch),
+        gpu=gpu,
+        records_timeout=args.records_timeout,
+        pause_other=not args.no_pause,
+        work_dir=Path(args.work_dir) if args.work_dir else None,
+    )
+    started = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    outcome = driver.run(st)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as fh:
+            for line in outcome.lines:
+                fh.write(json.dumps(line) + "\n")
+    sums = summaries(outcome.lines)
+    if args.json:
+        print(json.dumps({"summaries": sums, "overhead": outcome.overhead, "notes": outcome.notes}, indent=2))
+    else:
+        head = [
+            f"sglang-mmtrace bench, {started}, seed {seed}, "
+            f"{'GPU' if gpu else 'CPU'} launcher; target: {st.url or 'launched servers'}",
+            f"command: sglang-mmtrace bench {shlex.join(sys.argv[2:]) if sys.argv[1:2] == ['bench'] else ''}".rstrip(),
+        ]
+        print("\n".join(head))
+        print(format_table(sums, outcome.notes))
+        if args.out:
+            print(f"{len(outcome.lines)} lines -> {args.out}")
+    return 0
