@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmarks: robust statistics and a description of the machine."""
+"""Shared helpers of the benchmarks: a description of the machine; the statistics are the bench's
+(``sglang_mmtrace.bench.stats``), re-exported here."""
 
 from __future__ import annotations
 
@@ -10,24 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from sglang_mmtrace.bench.stats import bootstrap_median_ci, quantile
+
+__all__ = ["RESULTS", "ROOT", "bootstrap_median_ci", "machine", "quantile"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def quantile(xs: Any, q: float) -> float:
-    return float(np.quantile(np.asarray(xs, dtype=float), q))
-
-
-def bootstrap_median_ci(xs: Any, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the median (resampling the given samples)."""
-    a = np.asarray(xs, dtype=float)
-    if a.size == 0:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    meds = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
-    return float(np.quantile(meds, alpha / 2)), float(np.quantile(meds, 1 - alpha / 2))
 
 
 def cpu_model() -> str:

@@ -136,6 +136,7 @@ def run_rounds(
     label: str = "",
     max_tokens: int = MAX_TOKENS,
     progress: Callable[[], None] | None = None,
+    round_log: bool = False,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
 ) -> OverheadRun:
     """Warm-up rounds (untimed, seeds not reused), then ``rounds`` timed rounds of every kind on
@@ -171,6 +172,11 @@ def run_rounds(
                     run.rows.append({"round": round_no, "kind": kind, "arm": arm, "order": order.index(arm), **res})
         if timed:
             run.health.append({"round": round_no, "loadavg_1m": os.getloadavg()[0], **server_health(servers)})
+            if round_log:
+                brief = "  ".join(
+                    f"{r['kind']}/{r['arm']} {r['ttft_s'] * 1000:.1f}" for r in run.rows if r["round"] == round_no
+                )
+                log(f"[overhead] round {round_no + 1}/{rounds}: TTFT ms {brief}")
     return run
 
 

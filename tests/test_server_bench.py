@@ -1,0 +1,150 @@
+"""``sglang-mmtrace bench`` against the real CPU server: its lines match the plugin's records by rid,
+its usage-based token counts agree with them, and each experiment shows the cache behaviour it
+exists to show (small N; the numbers themselves are benchmarks, not asserted)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import records
+
+from sglang_mmtrace.bench.summary import encoder_ran, summaries
+from sglang_mmtrace.cli.main import main
+
+pytestmark = pytest.mark.server
+
+
+def bench(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    out = tmp_path / "bench.jsonl"
+    assert main(["bench", *args, "--seed", "7", "--out", str(out)]) == 0
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def by_variant(lines: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for ln in lines:
+        out[ln["bench"]["variant"]].append(ln)
+    return out
+
+
+def check_matches_records(server, lines: list[dict[str, Any]]) -> None:
+    """Every line is ok, carries the server's record for its rid verbatim, and usage agrees with it."""
+    assert lines and all(ln["bench"]["ok"] and ln["bench"]["error"] is None for ln in lines)
+    assert all(ln["bench"]["record"] for ln in lines)
+    recs = records(server, [ln["rid"] for ln in lines])
+    for ln in lines:
+        assert {k: v for k, v in ln.items() if k != "bench"} == recs[ln["rid"]]
+        u = ln["bench"]["usage"]
+        assert u["prompt_tokens"] == ln["prompt_tokens"] and u["cached_tokens"] == ln["cached_tokens"]
+        assert u["completion_tokens"] == ln["output_tokens"]
+        assert ln["bench"]["client_ttft_s"] >= ln["ttft_s"] > 0
+
+
+def visual(line: dict[str, Any]) -> int:
+    return sum(img["visual_tokens"] for img in line["images"])
+
+
+def test_new_vs_repeat(server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = ["--url", server.base_url, "--records", str(server.jsonl_path)]
+    lines = bench(tmp_path, *url, "--experiment", "new-vs-repeat", "--n", "3", "--warmup", "1", "--size", "256")
+    check_matches_records(server, lines)
+    v = by_variant(lines)
+    new, rep = v["new image"], v["repeated image"]
+    assert len(new) == len(rep) == 3 and len({ln["rid"] for ln in lines}) == 6
+    assert len({ln["images"][0]["content_hash"] for ln in new}) == 3  # three distinct images
+    assert len({ln["images"][0]["content_hash"] for ln in rep}) == 1
+    for ln in new:
+        assert encoder_ran(ln) and ln["cache"]["embedding"] == "miss" and not ln["cache"]["image_prefix_hit"]
+    uncached_new = min(ln["prompt_tokens"] - ln["cached_tokens"] for ln in new)
+    for ln in rep:
+        assert not encoder_ran(ln) and ln["cache"]["image_prefix_hit"]
+        # cached_tokens near prompt_tokens: what is left to compute is less than a new image's text part
+        assert ln["prompt_tokens"] - ln["cached_tokens"] <= uncached_new - visual(ln)
+    s = {x["variant"]: x for x in summaries(lines)}
+    assert s["new image"]["cache"]["encoder_ran"] == 3 and s["repeated image"]["cache"]["encoder_ran"] == 0
+    printed = capsys.readouterr().out
+    assert "== new-vs-repeat" in printed and "repeated image vs new image:" in printed
+
+
+def test_order(server, tmp_path: Path) -> None:
+    url = ["--url", server.base_url, "--records", str(server.jsonl_path)]
+    lines = bench(tmp_path, *url, "--experiment", "order", "--questions", "3", "--warmup", "1", "--size", "256")
+    check_matches_records(server, lines)
+    v = by_variant(lines)
+    img_first, q_first = v["image first"], v["question first"]
+    assert len(img_first) == len(q_first) == 3
+    assert len({ln["images"][0]["content_hash"] for ln in lines}) == 1  # one image throughout
+    for ln in img_first:
+        assert ln["cache"]["image_prefix_hit"] and ln["cached_tokens"] >= visual(ln)
+    template_and_image = min(ln["cached_tokens"] for ln in img_first)
+    for ln in q_first:
+        # only the template prefix is cached: less than what image-first shares besides the image
+        assert ln["cached_tokens"] <= template_and_image - visual(ln)
+        assert not ln["cache"]["image_prefix_hit"]
+        # the image is not in the prefix, but its embedding is cached from the earlier requests
+        assert ln["cache"]["embedding"] == "hit" and not encoder_ran(ln)
+
+
+def test_concurrency(server, tmp_path: Path) -> None:
+    url = ["--url", server.base_url, "--records", str(server.jsonl_path)]
+    lines = bench(
+        tmp_path, *url, "--experiment", "concurrency", "--concurrency", "1,4", "--n", "4", "--warmup", "1",
+        "--size", "128",
+    )  # fmt: skip
+    check_matches_records(server, lines)
+    levels: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for ln in lines:
+        levels[ln["bench"]["concurrency"]].append(ln)
+    assert {c: len(v) for c, v in levels.items()} == {1: 4, 4: 4}
+    for ln in lines:
+        assert "scheduler.queue" in {s["name"] for s in ln["stages"]}
+
+    def max_in_flight(group: list[dict[str, Any]]) -> int:
+        events = sorted(
+            (t, d)
+            for ln in group
+            for t, d in ((ln["bench"]["sent_unix_s"], 1), (ln["bench"]["sent_unix_s"] + ln["bench"]["client_e2e_s"], -1))
+        )
+        cur = best = 0
+        for _, d in events:
+            cur += d
+            best = max(best, cur)
+        return best
+
+    assert max_in_flight(levels[1]) == 1
+    assert max_in_flight(levels[4]) >= 2  # the 4 clients really overlapped
+    s = {x["variant"]: x for x in summaries(lines)}
+    assert s["4 clients"]["stages"]["scheduler.queue"]["n"] == 4
+
+
+def test_caches_launch_mode(tmp_path: Path) -> None:
+    """Launch mode, two configurations one after the other: radix cache on vs off."""
+    lines = bench(
+        tmp_path, "--launcher", "cpu", "--work-dir", str(tmp_path / "work"), "--experiment", "caches",
+        "--launch", "--mm-preprocess-cache-size-mb 64",
+        "--launch", "--mm-preprocess-cache-size-mb 64 --disable-radix-cache",
+        "--n", "2", "--warmup", "1", "--size", "256",
+    )  # fmt: skip
+    assert all(ln["bench"]["ok"] and ln["bench"]["record"] for ln in lines)
+    v = by_variant(lines)
+    on, off = "--mm-preprocess-cache-size-mb 64", "--mm-preprocess-cache-size-mb 64 --disable-radix-cache"
+    assert {k: len(x) for k, x in v.items()} == {
+        f"{cfg}: {kind}": 2
+        for cfg in (on, off)
+        for kind in ("new image", "same image again", "same image, new question first")
+    }
+    for ln in lines:
+        assert ln["bench"]["usage"]["cached_tokens"] == ln["cached_tokens"]
+    for ln in v[f"{on}: same image again"]:
+        assert ln["cache"]["image_prefix_hit"] and not encoder_ran(ln) and ln["cache"]["preprocess"] == "hit"
+    for ln in v[f"{off}: same image again"]:
+        # no radix cache: nothing cached, the embedding cache is what skips the encoder
+        assert ln["cached_tokens"] == 0 and ln["cache"]["embedding"] == "hit" and not encoder_ran(ln)
+        assert ln["cache"]["preprocess"] == "hit"
+    for cfg in (on, off):
+        assert all(encoder_ran(ln) for ln in v[f"{cfg}: new image"])
+    assert all(ln["cached_tokens"] == 0 for ln in lines if ln["bench"]["config"] == off)
