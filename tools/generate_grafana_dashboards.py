@@ -206,24 +206,42 @@ def ref_id(i: int) -> str:
     return chr(65 + i) if i < 26 else chr(64 + i // 26) + chr(65 + i % 26)
 
 
-def breakdown(title: str, how: str) -> dict[str, Any]:
-    """Stacked top-level stages (catalogue order) and TTFT as a dashed line over them.
+def per_request(metric: str, extra: str = "") -> str:
+    """Seconds per request: the metric's sum over the TTFT count, 0 where it never happened.
 
-    ``how`` is ``mean`` (adds up exactly: per-stage means plus the unattributed mean are the TTFT
-    mean) or a quantile such as ``0.95`` (every stage histogram has TTFT's bucket layout, so the
-    per-stage quantiles are comparable; quantiles of parts only approximately add up to the
-    quantile of the whole, which the dashed TTFT line shows).
+    Dividing every part by the same request count is what makes the parts add up to mean TTFT.
+    """
+    return f"(sum ({rate(metric + '_sum', extra=extra)}) or vector(0)) / sum ({rate('ttft_seconds_count')})"
+
+
+def stage_quantile(q: float, stage: str) -> str:
+    """The q-quantile of a stage's seconds per request, counting requests without it as 0 s.
+
+    A stage that does not happen for a request is absent from its histogram; adding the requests
+    without it (TTFT count minus stage count) to every cumulative bucket counts them as zeros, so
+    the quantile is over the same requests as TTFT's.
+    """
+    extra = f'stage="{stage}"'
+    buckets = f"sum by (le) ({rate('stage_seconds_bucket', extra=extra)})"
+    missing = f"(sum ({rate('ttft_seconds_count')}) - sum ({rate('stage_seconds_count', extra=extra)}))"
+    return f"histogram_quantile({q}, {buckets} + on () group_left () {missing}) or vector(0)"
+
+
+def breakdown(title: str, how: str) -> dict[str, Any]:
+    """Stacked top-level stages (catalogue order), the unattributed rest, and TTFT as a dashed line.
+
+    Every part is per request over the same requests (0 s where a stage did not happen). ``how`` is
+    ``mean`` (adds up exactly to the TTFT mean) or a quantile such as ``0.95`` (every stage
+    histogram has TTFT's bucket layout, so the parts are comparable; quantiles of parts add up to
+    the quantile of the whole only approximately, which the dashed TTFT line shows).
     """
     targets: list[tuple[str, str]] = []
     for stage in top_level_stages():
-        extra = f'stage="{stage}"'
-        expr = (
-            mean("stage_seconds", extra=extra) if how == "mean" else quantile(float(how), "stage_seconds", extra=extra)
-        )
+        expr = per_request("stage_seconds", f'stage="{stage}"') if how == "mean" else stage_quantile(float(how), stage)
         targets.append((expr, stage))
     if how == "mean":
-        targets.append((mean("ttft_unattributed_seconds"), "unattributed"))
-        targets.append((mean("ttft_seconds"), "TTFT (mean)"))
+        targets.append((per_request("ttft_unattributed_seconds"), "unattributed"))
+        targets.append((per_request("ttft_seconds"), "TTFT (mean)"))
     else:
         targets.append((quantile(float(how), "ttft_unattributed_seconds"), "unattributed"))
         targets.append((quantile(float(how), "ttft_seconds"), f"TTFT (p{round(float(how) * 100)})"))
