@@ -1,0 +1,70 @@
+"""The Nsight Systems reader on a real profile: the H200 run of ``benchmarks/gpu/gpu_check.sh OUT nsys``
+(SGLang 0.5.17, the sqlite export trimmed by ``benchmarks/gpu/trim_nsys_sqlite.py``) and the
+plugin's records of the same requests. CI has no GPU; the profile and records are committed."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sglang_mmtrace.analysis import read_jsonl
+from sglang_mmtrace.profiling.nsys import GPU_COMPARED, compare, read_ranges, summary
+
+RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-h200-0.5.17"
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return read_ranges(str(RUN / "nsys_trimmed.sqlite")), read_jsonl(str(RUN / "records_nsys.jsonl"))
+
+
+def test_ranges_name_the_records_rids_and_catalogue_stages(profile):
+    ranges, records = profile
+    rids = {r["rid"] for r in records}
+    named = [r for r in ranges if r.rids]
+    assert named and all(set(r.rids) <= rids for r in named), "a range names a rid without a record"
+    assert summary(ranges, records)["unknown_stages"] == []
+    # the 20 profiled requests: every one has its scheduler and API ranges
+    per_stage = Counter(r.stage for r in ranges)
+    for stage in ("mm.process", "mm.decode", "model.forward", "model.prefill", "model.sample", "detokenize"):
+        assert per_stage[stage] == 20, per_stage
+
+
+def test_model_ranges_carry_gpu_work_and_api_ranges_do_not(profile):
+    ranges, _ = profile
+    for r in ranges:
+        if r.stage in ("model.forward", "model.prefill", "model.vision_encoder"):
+            assert r.gpu, f"{r.stage} {r.rids}: no GPU operation launched inside its range"
+            assert all(r.start <= t <= r.end for t, _, _ in r.gpu)
+            assert all(s <= e for _, s, e in r.gpu)
+        if r.stage in ("mm.decode", "mm.load", "tokenize"):
+            assert not r.gpu, f"{r.stage}: CPU-only stage with GPU work {r.gpu[:3]}"
+
+
+def test_cuda_event_durations_agree_with_the_kernels_in_their_nvtx_range(profile):
+    """The acceptance check: CUDA-event stage durations within max(10%, 50 us) of the GPU span."""
+    ranges, records = profile
+    rows = compare(ranges, records)
+    by_stage = Counter(a.stage for a in rows)
+    # 5 rounds x (new image, different image) run the encoder; every request runs a prefill
+    assert by_stage == {"model.vision_encoder": 10, "model.prefill": 20}, by_stage
+    bad = [a for a in rows if not a.ok]
+    assert not bad, "\n".join(f"{a.stage} {a.rid}: events {a.event_s * 1e3:.3f} ms, kernels {a.kernel_s * 1e3:.3f} ms" for a in bad)
+    assert set(GPU_COMPARED) == set(by_stage)
+
+
+def test_prefill_excludes_the_encoder_and_injection_nested_in_the_forward(profile):
+    """model.prefill counts only GPU work launched after the nested encoder/embedding ranges: for an
+    encoded image that is clearly less than the forward's whole span."""
+    ranges, records = profile
+    rows = {(a.rid, a.stage): a for a in compare(ranges, records)}
+    forwards = {r.rids[0]: r for r in ranges if r.stage == "model.forward" and r.rids}
+    checked = 0
+    for (rid, stage), a in rows.items():
+        if stage == "model.prefill" and (rid, "model.vision_encoder") in rows:
+            whole = forwards[rid].gpu_span_s()
+            assert whole is not None and a.kernel_s < whole - rows[(rid, "model.vision_encoder")].kernel_s * 0.5
+            checked += 1
+    assert checked == 10
