@@ -77,6 +77,8 @@ class ApiTrace:
         "tm_error",
         "closed",
         "sglang_traceparent",
+        "error_class",
+        "content",
     )
 
     def __init__(self, rid: str, http: HttpCtx | None, model: str, t_created: float) -> None:
@@ -101,6 +103,8 @@ class ApiTrace:
         self.tm_error: str | None = None
         self.closed = False
         self.sglang_traceparent: str | None = None  # SGLang's own root span, when --enable-trace is on
+        self.error_class: str | None = None  # exception class that failed the request in a hook's target
+        self.content: dict[str, Any] | None = None  # prompt and image URLs, only with CAPTURE_CONTENT=1
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
         self.events.append(StageEvent(name, API, t0, t1, clock, attrs or {}))

@@ -14,6 +14,11 @@ SGLANG_MMTRACE_METRICS_PORT = "SGLANG_MMTRACE_METRICS_PORT"
 SGLANG_MMTRACE_NVTX = "SGLANG_MMTRACE_NVTX"
 SGLANG_MMTRACE_GPU_TIMING = "SGLANG_MMTRACE_GPU_TIMING"
 SGLANG_MMTRACE_CAPTURE_CONTENT = "SGLANG_MMTRACE_CAPTURE_CONTENT"
+"""``1``: the prompt and image URLs (``data:`` URLs shortened to type and size) go into the record's
+``content`` and the root span's ``sglang_mmtrace.content.*`` attributes. Off by default."""
+
+SGLANG_MMTRACE_MANIFEST = "SGLANG_MMTRACE_MANIFEST"
+"""Path of a manifest TOML that replaces the packaged one (a patched SGLang build; drift tests)."""
 
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -44,6 +49,12 @@ DOCUMENTED: tuple[tuple[str, str, str], ...] = (
     ("SGLANG_MMTRACE_METRICS_PORT", "9464", "own metrics port when SGLang's metrics are off"),
     ("SGLANG_MMTRACE_NVTX", "1", "NVTX ranges"),
     ("SGLANG_MMTRACE_GPU_TIMING", "1", "time GPU stages with CUDA events, read without stalling the hot path"),
-    ("SGLANG_MMTRACE_CAPTURE_CONTENT", "0", "never put prompt text, image bytes or URLs anywhere unless 1"),
+    (
+        "SGLANG_MMTRACE_CAPTURE_CONTENT",
+        "0",
+        "never put prompt text, image bytes or URLs anywhere unless 1; with 1 the prompt and image URLs "
+        "(data: URLs as type and size only) go into the record's content and the root span",
+    ),
+    ("SGLANG_MMTRACE_MANIFEST", "unset", "a manifest TOML that replaces the packaged one for this SGLang"),
     ("SGLANG_MMTRACE_GRACE_S", "2.0", "how long a finished request waits for late stages from other processes"),
 )

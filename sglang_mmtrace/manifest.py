@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
 
+from . import environment_variables as ev
 from .package import PRIMARY_VERSION, SUPPORTED_VERSIONS
 
 
@@ -24,13 +26,18 @@ class Manifest:
     version: str
     hooks: tuple[HookEntry, ...]
     exact: bool  # False when the installed SGLang has no manifest of its own
+    override: str | None = None  # the SGLANG_MMTRACE_MANIFEST file, when one replaced the packaged manifest
 
     def for_process(self, process: str) -> list[HookEntry]:
         return [h for h in self.hooks if h.process == process]
 
 
-def _parse(version: str) -> tuple[HookEntry, ...]:
-    text = resources.files("sglang_mmtrace.patches").joinpath(f"sglang-{version}.toml").read_text()
+def _parse(version: str, path: str | None = None) -> tuple[HookEntry, ...]:
+    if path is not None:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    else:
+        text = resources.files("sglang_mmtrace.patches").joinpath(f"sglang-{version}.toml").read_text()
     data = tomllib.loads(text)
     return tuple(
         HookEntry(hook_id, h["target"], h["kind"], h["process"], tuple(h.get("stages", ())), h.get("required", True))
@@ -47,7 +54,13 @@ def _key(v: str) -> tuple[int, ...]:
 
 
 def load(sglang_version: str | None) -> Manifest:
-    """The manifest of this version, or of the nearest supported one not newer (else the primary)."""
+    """The manifest of this version, or of the nearest supported one not newer (else the primary).
+
+    ``SGLANG_MMTRACE_MANIFEST=path`` replaces it with that file (a patched SGLang build, drift tests).
+    """
+    override = os.environ.get(ev.SGLANG_MMTRACE_MANIFEST)
+    if override:
+        return Manifest(sglang_version or "unknown", _parse("", override), True, override)
     if sglang_version in SUPPORTED_VERSIONS:
         return Manifest(sglang_version, _parse(sglang_version), True)
     candidates = [v for v in SUPPORTED_VERSIONS if sglang_version and _key(v) <= _key(sglang_version)]

@@ -30,6 +30,28 @@ _ROLE_BY_CALLER = {
 }
 
 
+MULTI_TOKENIZER_LIMIT = (
+    "--tokenizer-worker-num %d: not supported; the HTTP/tokenizer workers run outside the process that "
+    "holds the collector, so their requests get no records or traces (use 1 tokenizer worker)"
+)
+
+
+def tokenizer_workers(argv: list[str]) -> int:
+    """``--tokenizer-worker-num N`` on the launch command line (1 when absent or unreadable)."""
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--tokenizer-worker-num" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--tokenizer-worker-num="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return 1
+    return 1
+
+
 def detect_role() -> str:
     """Which SGLang process this is, from the function that called ``load_plugins()``."""
     frame = inspect.currentframe()
@@ -45,9 +67,13 @@ def detect_role() -> str:
 
 
 def _warn(msg: str, *args: Any) -> None:
-    # Scheduler and detokenizer logging is not configured yet at plugin-load time: use stderr too.
-    logger.warning(msg, *args)
-    if not logging.getLogger().handlers:
+    """One line, always prefixed ``sglang-mmtrace:`` (how operators and tests tell the plugin's lines apart).
+
+    Scheduler and detokenizer logging is not configured yet at plugin-load time: stderr then.
+    """
+    if logging.getLogger().handlers or logger.handlers:
+        logger.warning("sglang-mmtrace: " + msg, *args)
+    else:
         print("sglang-mmtrace: " + (msg % args), file=sys.stderr)
 
 
@@ -72,9 +98,14 @@ def install(role: str | None = None) -> str | None:
         return role
     version = sglang_version() or "unknown"
     manifest = load_manifest(version)
-    if not manifest.exact:
+    if manifest.override:
+        _warn("manifest override %s=%s", ev.SGLANG_MMTRACE_MANIFEST, manifest.override)
+    elif not manifest.exact:
         _warn("SGLang %s has no manifest; using the %s targets that resolve", version, manifest.version)
     if role == API:
+        workers = tokenizer_workers(sys.argv)
+        if workers > 1:
+            _warn(MULTI_TOKENIZER_LIMIT, workers)
         _start_collector(cfg, version)
     else:
         address = os.environ.get(ev.SGLANG_MMTRACE_COLLECTOR)
@@ -108,7 +139,13 @@ def _start_collector(cfg: config.Config, version: str) -> None:
     if cfg.jsonl_path:
         from .sinks.jsonl import JsonlSink
 
-        sinks.append(JsonlSink(cfg.jsonl_path))
+        try:
+            sinks.append(JsonlSink(cfg.jsonl_path))
+        except OSError as exc:  # e.g. a read-only folder: serve and measure without the file
+            from . import telemetry
+
+            telemetry.errors["sink.jsonl"] += 1
+            _warn("JSONL records disabled: cannot open %s: %r", cfg.jsonl_path, exc)
     collector = Collector(cfg, sinks, version)
     collector.start()
     runtime.collector = collector
@@ -156,7 +193,8 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
         res, why = check(entry)
         if why is not None:
             runtime.missing.append((entry.hook_id, entry.target, why))
-            _warn("hook %s -> %s not applied: %s", entry.hook_id, entry.target, why)
+            stages = ", ".join(entry.stages) or "none"
+            _warn("hook %s -> %s not applied (stages absent: %s): %s", entry.hook_id, entry.target, stages, why)
             continue
         try:
             if spec.install is not None:

@@ -41,5 +41,11 @@ def maybe_inject(component: str) -> None:
         raise InjectedError(f"injected failure in {component}")
 
 
-def drop(sink: str, n: int = 1) -> None:
+def drop(sink: str, n: int = 1, why: object = None) -> None:
+    """Count data a sink could not deliver; log the first drop per sink (not one line per request)."""
     dropped[sink] += n
+    key = "dropped:" + sink
+    if key not in _logged:
+        _logged.add(key)
+        logger.warning("sglang-mmtrace: %s dropped %d item(s)%s; further drops are only counted", sink, n,
+                       f" ({why!r})" if why is not None else "")

@@ -17,6 +17,8 @@ def run() -> int:
     manifest = load(version)
     supported = version in SUPPORTED_VERSIONS
     print(f"SGLang {version} ({'supported' if supported else f'unknown; using the {manifest.version} manifest'})")
+    if manifest.override:
+        print(f"manifest: {manifest.override} (SGLANG_MMTRACE_MANIFEST)")
     failures = 0
     by_stage: dict[str, list[str]] = {name: [] for name in STAGES}
     for entry in manifest.hooks:
@@ -35,4 +37,7 @@ def run() -> int:
     print(f"    plugin        {'on' if cfg.enabled else 'off (SGLANG_MMTRACE=0)'}")
     print(f"    jsonl         {cfg.jsonl_path or 'off (set SGLANG_MMTRACE_JSONL)'}")
     print(f"    otlp          {cfg.otlp_endpoint or 'off (no endpoint)'}")
+    print("limits:")
+    print("    --tokenizer-worker-num > 1: not supported (no records or traces for requests served by the workers)")
+    print("    --dp-size > 1: not verified (the CPU build used for the tests runs one data-parallel rank)")
     return 1 if (failures and supported) else 0

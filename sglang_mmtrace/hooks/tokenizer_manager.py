@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import runtime
+from .. import config, runtime
 from ..context import LIVE, ApiTrace, current_http, current_trace
 from .base import HookSpec, arg, before, interval, now
 
@@ -16,13 +16,38 @@ def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     obj = arg(args, kwargs, 0, "obj")
     rids = obj.rid if isinstance(obj.rid, list) else [obj.rid]
     model = getattr(instance, "served_model_name", None) or ""
-    for rid in rids:
+    capture = config.get().capture_content
+    for i, rid in enumerate(rids):
         if rid is None or rid in LIVE:
             continue
         trace = ApiTrace(rid, http, model, t1)
         trace.sglang_traceparent = _sglang_traceparent(instance, rid)
+        if capture:
+            trace.content = _content(instance, obj, i if isinstance(obj.rid, list) else None)
         LIVE[rid] = trace
         http.traces.append(trace)
+
+
+def _content(instance: Any, obj: Any, i: int | None) -> dict[str, Any]:
+    """Opt-in (``SGLANG_MMTRACE_CAPTURE_CONTENT=1``): the prompt as SGLang received it and the image URLs.
+
+    ``data:`` URLs are shortened to their media type and size: the image bytes never leave the process.
+    """
+
+    def pick(value: Any) -> Any:
+        return value[i] if i is not None and isinstance(value, list) else value
+
+    prompt = pick(getattr(obj, "text", None))
+    if prompt is None and getattr(obj, "input_ids", None) is not None:
+        prompt = instance.tokenizer.decode(pick(obj.input_ids))
+    images = pick(getattr(obj, "image_data", None)) or []
+    urls = []
+    for image in images if isinstance(images, list) else [images]:
+        url = image if isinstance(image, str) else getattr(image, "url", None)
+        if isinstance(url, str):
+            head, sep, data = url.partition(",")
+            urls.append(f"{head},<{len(data)} chars>" if url.startswith("data:") and sep else url)
+    return {"prompt": prompt if isinstance(prompt, str) else None, "image_urls": urls}
 
 
 def _sglang_traceparent(instance: Any, rid: str) -> str | None:
@@ -51,6 +76,9 @@ def _tokenize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     current_trace.reset(token)
     if trace is not None:
         trace.add("tokenize", t0, t1)
+        if exc is not None:
+            cls = type(exc)
+            trace.error_class = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _dispatch_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:

@@ -8,6 +8,7 @@ drops spans (``sglang_mmtrace_dropped_total{sink="otlp"}``) and never blocks a r
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from collections import deque
@@ -25,7 +26,40 @@ BATCH = 512
 EXPORT_INTERVAL_S = 0.2
 
 
+EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+)
+
+
+class _FirstOfEachMessage(logging.Filter):
+    """Lets the first record of each message template through: a collector that is down or hangs
+    makes the exporter log every failed batch, every few seconds; the sink counts them instead
+    (``sglang_mmtrace_dropped_total{sink="otlp"}``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def _quiet_exporter_logs() -> None:
+    for name in EXPORTER_LOGGERS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _FirstOfEachMessage) for f in log.filters):
+            log.addFilter(_FirstOfEachMessage())
+
+
 def make_exporter(endpoint: str, protocol: str, timeout_s: float = 5.0) -> Any:
+    _quiet_exporter_logs()
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
@@ -147,6 +181,12 @@ class OtlpSink:
                 ATTR_PREFIX + "ttft_s": rec.get("ttft_s") or 0.0,
             },
         )
+        content = rec.get("content")
+        if content:  # only with SGLANG_MMTRACE_CAPTURE_CONTENT=1
+            if content.get("prompt") is not None:
+                root.set_attribute(ATTR_PREFIX + "content.prompt", content["prompt"])
+            if content.get("image_urls"):
+                root.set_attribute(ATTR_PREFIX + "content.image_urls", list(content["image_urls"]))
         if rec["status"] != "ok":
             root.set_status(Status(StatusCode.ERROR, rec.get("error") or rec["status"]))
         rec["trace_id"] = format(root.get_span_context().trace_id, "032x")
