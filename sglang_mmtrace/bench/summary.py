@@ -131,10 +131,10 @@ def format_table(sums: list[dict[str, Any]], notes: Iterable[str] = ()) -> str:
     for s in sums:
         if s["experiment"] != exp:
             exp = s["experiment"]
-            lines += ["", f"== {exp}"]
+            lines += ["", f"== {exp}   (server TTFT, stage sum, tokens: p50 over the requests with a record)"]
             lines.append(
                 f"   {'variant':<44}{'n':>4}{'err':>4}{'rec':>5}  {'client TTFT p50 [95% CI] ms':<28}"
-                f"{'p95 [95% CI] ms':<26}{'server p50':>11}{'stages p50':>11}{'cached/prompt':>15}"
+                f"{'p95 [95% CI] ms':<26}{'server TTFT':>12}{'stage sum':>11}{'cached/prompt':>15}"
             )
         ci, ci95 = s["client_ttft_p50_ci"], s["client_ttft_p95_ci"]
         p50 = f"{_ms(s['client_ttft_p50'])} [{_ms(ci[0])}, {_ms(ci[1])}]"
@@ -142,7 +142,7 @@ def format_table(sums: list[dict[str, Any]], notes: Iterable[str] = ()) -> str:
         tok = f"{s['cached_tokens_p50']:.0f}/{s['prompt_tokens_p50']:.0f}" if s["prompt_tokens_p50"] == s["prompt_tokens_p50"] else "-"
         lines.append(
             f"   {s['variant'][:43]:<44}{s['n']:>4}{s['errors']:>4}{s['records']:>5}  {p50:<28}{p95:<26}"
-            f"{_ms(s['server_ttft_p50']):>11}{_ms(s['stage_sum_p50']):>11}{tok:>15}"
+            f"{_ms(s['server_ttft_p50']):>12}{_ms(s['stage_sum_p50']):>11}{tok:>15}"
         )
         if s["records"]:
             top = ", ".join(f"{n} {_ms(v)}" for n, v in top_stages(s["stages"]))
