@@ -107,11 +107,13 @@ def run_overhead(st: Settings, out: Outcome) -> None:
                 max_failures=max(5, opts.n), size=opts.size, label=opts.nonce, max_tokens=opts.max_tokens,
                 progress=tick,
             )  # fmt: skip
+        pauser.resume_all()
+        # records are written after a grace period: collect them before the server stops
+        found = tail.wait([r["id"] for r in run.rows if r["arm"] == "on" and r.get("id")], st.records_timeout)
     finally:
         pauser.resume_all()
         for srv in servers.values():
             srv.stop()
-    found = tail.wait([r["id"] for r in run.rows if r["arm"] == "on" and r.get("id")], timeout=0)
     for r in run.rows:
         rec = found.get(r["id"]) if r["arm"] == "on" and r.get("id") else None
         line: dict[str, Any] = dict(rec) if rec else {"rid": r.get("id")}
