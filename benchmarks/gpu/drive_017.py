@@ -79,7 +79,7 @@ def start_server(
         "--enable-metrics",
         *extra,
     ]  # fmt: skip
-    env = dict(os.environ, SGLANG_MMTRACE_JSONL=str(jsonl), PYTHONUNBUFFERED="1", **(env or {}))
+    env = {**os.environ, "SGLANG_MMTRACE_JSONL": str(jsonl), "PYTHONUNBUFFERED": "1", **(env or {})}
     log("server: " + " ".join(cmd))
     fh = log_path.open("wb")
     return subprocess.Popen(

@@ -48,21 +48,29 @@ def stage_table(groups: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def ab_table(raw: dict[str, Any]) -> str:
+    """TTFT medians of the ``off`` arm and each other arm, with the paired ratio's bootstrap interval."""
     pairs: dict[tuple[int, str], dict[str, float]] = {}
     for r in raw["rows"]:
         if "ttft_s" in r:
             pairs.setdefault((r["round"], r["kind"]), {})[r["arm"]] = r["ttft_s"]
-    lines = ["| request | n pairs | TTFT off p50 ms | TTFT on p50 ms | on/off (95% CI) |", "|---|---:|---:|---:|---|"]
-    for kind in KINDS:
-        both = [v for (_, k), v in sorted(pairs.items()) if k == kind and {"on", "off"} <= set(v)]
-        off, on = [v["off"] for v in both], [v["on"] for v in both]
-        ratio, lo, hi = paired_ratio_ci(off, on)
-        lines.append(
-            f"| {kind} | {len(both)} | {statistics.median(off) * 1e3:.2f} | {statistics.median(on) * 1e3:.2f} "
-            f"| {ratio:.3f} [{lo:.3f}, {hi:.3f}] |"
-        )
+    others = sorted({arm for v in pairs.values() for arm in v} - {"off"})
+    lines = ["| request | arm | n pairs | TTFT off p50 ms | TTFT arm p50 ms | arm/off (95% CI) |", "|---|---|---:|---:|---:|---|"]
+    for arm in others:
+        pooled_off: list[float] = []
+        pooled_arm: list[float] = []
+        for kind in (*KINDS, "all"):
+            both = [v for (_, k), v in sorted(pairs.items()) if (kind == "all" or k == kind) and {"off", arm} <= set(v)]
+            off, other = [v["off"] for v in both], [v[arm] for v in both]
+            if kind != "all":
+                pooled_off += off
+                pooled_arm += other
+            ratio, lo, hi = paired_ratio_ci(off, other)
+            lines.append(
+                f"| {kind} | {arm} | {len(both)} | {statistics.median(off) * 1e3:.2f} | "
+                f"{statistics.median(other) * 1e3:.2f} | {ratio:.3f} [{lo:.3f}, {hi:.3f}] |"
+            )
     errors = sum(1 for r in raw["rows"] if "error" in r)
-    lines.append(f"\n{len(raw['rows'])} requests, {errors} errors; arms alternate which goes first each round.")
+    lines.append(f"\n{len(raw['rows'])} requests, {errors} errors; arms: {raw.get('arms') or 'on/off'}.")
     return "\n".join(lines)
 
 
@@ -80,8 +88,14 @@ def main(folder: str) -> int:
             groups[f"{col}, {label}"] = [r for r in recs if kinds[r["rid"]] == col]
     print("### Per-stage p50, new vs repeated image, `cuda_ipc` vs `cpu` transport\n")
     print(stage_table(groups))
-    print("\n### TTFT, plugin off vs on (cuda_ipc, interleaved, client-side)\n")
-    print(ab_table(raw))
+    for name, title in (
+        ("ab_raw.json", "plugin off vs on"),
+        ("ab_bare_raw.json", "plugin off vs on with GPU timing, metrics and JSONL off (bare)"),
+        ("ab_aa_raw.json", "A/A: two plugin-off servers (the noise floor of this set-up)"),
+    ):
+        if (d / name).exists():
+            print(f"\n### TTFT, {title} (cuda_ipc, interleaved, client-side)\n")
+            print(ab_table(json.loads((d / name).read_text())))
     return 0
 
 
