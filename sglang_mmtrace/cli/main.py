@@ -26,6 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     report_cli.add_arguments(report)
 
+    from . import nsys as nsys_cli
+
+    nsys_cli.add_arguments(
+        sub.add_parser("nsys", help="an Nsight Systems sqlite export: stage NVTX ranges and their GPU time vs records")
+    )
+
     from . import bench as bench_cli
 
     bench_cli.add_arguments(
@@ -43,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.cmd == "report":
         return report_cli.run(args)
+    if args.cmd == "nsys":
+        return nsys_cli.run(args)
     if args.cmd == "bench":
         return bench_cli.run(args)
     return 2
