@@ -177,6 +177,9 @@ def run(st: Settings) -> Outcome:
             for cfg in st.launch or [default_config(st.gpu)]:
                 with launched(cfg, _folder(st), st.gpu, st.health_timeout) as target:
                     run_per_target(target, per_target, st, out)
+    launched_here = [e for e in st.experiments if e in ("caches", "overhead") or (e == "transport" and st.gpu)]
+    if st.url and launched_here:
+        out.notes.append(f"note: {', '.join(launched_here)} launched their own servers (not {st.url})")
     if "caches" in st.experiments:
         run_configs("caches", caches_configs(st), st, out)
     if "transport" in st.experiments:
