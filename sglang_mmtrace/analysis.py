@@ -44,6 +44,11 @@ def is_ok(rec: dict[str, Any]) -> bool:
     return rec.get("status") == "ok" and bool(rec.get("ttft_s"))
 
 
+def _no_record(recs: list[dict[str, Any]]) -> int:
+    """Bench lines for which the plugin wrote no record (no ``status``)."""
+    return sum(1 for r in recs if "status" not in r)
+
+
 def group_records(
     records: Iterable[dict[str, Any]], group: Callable[[dict[str, Any]], str] = request_kind
 ) -> dict[str, list[dict[str, Any]]]:
@@ -128,14 +133,15 @@ def summarize(
 ) -> dict[str, dict[str, Any]]:
     """Per group: n, ttft p50/p95, coverage min/median, and per stage p50/p95/share of TTFT.
 
-    Also the unattributed TTFT p50, cache hit ratios, failed requests (counted, never timed) and,
+    Also the unattributed TTFT p50, cache hit ratios, requests not timed (``failed``: errors, aborts and
+    bench lines without a plugin record, the latter also counted in ``no_record``) and,
     for bench output, the client-observed TTFT p50/p95.
     """
     out: dict[str, dict[str, Any]] = {}
     for name, all_recs in group_records(records, group).items():
         recs = [r for r in all_recs if is_ok(r)]
         if not recs:
-            out[name] = {"n": 0, "failed": len(all_recs), "stages": {}}
+            out[name] = {"n": 0, "failed": len(all_recs), "no_record": _no_record(all_recs), "stages": {}}
             continue
         per_stage: dict[str, list[float]] = defaultdict(list)
         shares: dict[str, list[float]] = defaultdict(list)
@@ -150,6 +156,7 @@ def summarize(
         out[name] = {
             "n": len(recs),
             "failed": len(all_recs) - len(recs),
+            "no_record": _no_record(all_recs),
             "ttft_p50": percentile(ttfts, 0.5),
             "ttft_p95": percentile(ttfts, 0.95),
             "client_ttft_p50": percentile(client, 0.5) if client else None,
@@ -176,6 +183,8 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
     lines = []
     for name, g in summary.items():
         failed = f", {g['failed']} failed" if g.get("failed") else ""
+        if g.get("no_record"):
+            failed += f" ({g['no_record']} without a record)"
         if not g["n"]:
             lines += [f"== {name}  (n=0{failed})", ""]
             continue
@@ -188,7 +197,9 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
                 f"   client TTFT p50 {g['client_ttft_p50'] * 1e3:.1f} ms, p95 {g['client_ttft_p95'] * 1e3:.1f} ms"
             )
         if g.get("cache"):
-            lines.append("   " + format_cache_line(g["cache"]) + f"; unattributed p50 {g['unattributed_p50'] * 1e3:.2f} ms")
+            lines.append(
+                "   " + format_cache_line(g["cache"]) + f"; unattributed p50 {g['unattributed_p50'] * 1e3:.2f} ms"
+            )
         lines.append(f"   {'stage':<34}{'p50 ms':>10}{'p95 ms':>10}{'share':>8}{'n':>5}")
         for stage, s in g["stages"].items():
             if stage == ROOT:

@@ -106,7 +106,9 @@ def build_trace(
     }
 
 
-def write_trace(records: Iterable[dict[str, Any]], path: str, group: Callable[[dict[str, Any]], str] = report_group) -> int:
+def write_trace(
+    records: Iterable[dict[str, Any]], path: str, group: Callable[[dict[str, Any]], str] = report_group
+) -> int:
     """Write the trace JSON; returns the number of slices (X events)."""
     trace = build_trace(records, group)
     with open(path, "w", encoding="utf-8") as fh:

@@ -110,7 +110,9 @@ def _breakdown(name: str, recs: list[dict[str, Any]], scale: float, ttft_p50: fl
         )
         x += w
     tick = ttft_p50 * scale
-    parts.append(f'<line class="ttft-tick" x1="{tick:.3f}" x2="{tick:.3f}" y1="0" y2="30" stroke="#000" stroke-width="2"/>')
+    parts.append(
+        f'<line class="ttft-tick" x1="{tick:.3f}" x2="{tick:.3f}" y1="0" y2="30" stroke="#000" stroke-width="2"/>'
+    )
     width = max(x, tick) + 260
     parts.append(
         f'<text x="{max(x, tick) + 6:.3f}" y="19">TTFT p50 {_ms(ttft_p50)} (stack {_ms(x / scale if scale else 0.0)})</text>'
@@ -134,9 +136,10 @@ def _waterfall(label: str, rec: dict[str, Any]) -> str:
             f"; {attrs}" if attrs else ""
         )
         x = LABEL_W + s["start_s"] * scale
+        skipped = " (skipped)" if (s.get("attrs") or {}).get("skipped") else ""
         rows.append(
             f'<g class="wf-row" data-stage="{_attr(s["name"])}" data-process="{_attr(s.get("process"))}">'
-            f'<text x="{4 + 10 * depth}" y="{y + 12}">{escape(s["name"])}</text>'
+            f'<text x="{4 + 10 * depth}" y="{y + 12}">{escape(s["name"])}{skipped}</text>'
             f'<rect x="{x:.3f}" y="{y + 2}" width="{max(s["dur_s"] * scale, 1.0):.3f}" height="{ROW_H - 4}" '
             f'fill="{process_color(str(s.get("process")))}"><title>{escape(tip)}</title></rect></g>'
         )
@@ -179,7 +182,7 @@ def _coverage_row(name: str, recs: list[dict[str, Any]], g: dict[str, Any]) -> s
     )
     return (
         f'<tr data-group="{_attr(name)}"><td>{escape(name)}</td><td>{g["coverage_min"]:.3f}</td>'
-        f'<td>{g["coverage_p50"]:.3f}</td><td>{_ms(g["unattributed_p50"])}</td>'
+        f"<td>{g['coverage_p50']:.3f}</td><td>{_ms(g['unattributed_p50'])}</td>"
         f'<td><svg width="310" height="16"><line x1="5" x2="305" y1="8" y2="8" stroke="#ccc"/>{dots}</svg>'
         f' <span class="muted">{lo:.2f} … 1</span></td></tr>'
     )
@@ -214,7 +217,7 @@ def render_html(
     )
     legend = "".join(_swatch(stage_color(s), s) for s in used) + _swatch(UNATTRIBUTED_COLOR, UNATTRIBUTED)
     overview = "".join(
-        f'<tr><td>{escape(n)}</td><td>{g["n"]}</td><td>{g["failed"]}</td>'
+        f"<tr><td>{escape(n)}</td><td>{g['n']}</td><td>{g['failed']}</td>"
         + (
             f"<td>{_ms(g['ttft_p50'])}</td><td>{_ms(g['ttft_p95'])}</td><td>{_ms(g['client_ttft_p50'])}</td>"
             f"<td>{g['coverage_p50']:.3f}</td>"
