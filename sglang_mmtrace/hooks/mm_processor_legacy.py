@@ -30,7 +30,7 @@ from typing import Any
 
 from .. import config, nvtx_ranges
 from ..context import ApiTrace, current_trace
-from .base import HookSpec, arg, guarded, interval, now, push_nvtx
+from .base import HookSpec, Wrapper, arg, guarded, interval, now, push_nvtx
 
 _tls = threading.local()
 
@@ -44,7 +44,7 @@ class _MmReq:
         self.trace = trace
         self.loaded: dict[int, tuple[int, int, int]] = {}  # id(loaded image) -> (bytes, width, height)
         self.t_combined: float | None = None  # process_and_combine_mm_data_async returned on the EL
-        self.gpu_pending: list[tuple[float, float, Any, Any, dict[str, Any]]] = []
+        self.gpu_pending: list[tuple[str, float, float, Any, Any, dict[str, Any]]] = []
         self.lock = threading.Lock()
 
 
@@ -55,7 +55,7 @@ class _Combine:
 
     def __init__(self) -> None:
         self.t_resize_end: float | None = None
-        self.ipc: list[tuple[float, float, int, str]] = []  # (t0, t1, bytes, outcome)
+        self.ipc: list[tuple[float, float, int, str, Any, Any]] = []  # (t0, t1, bytes, outcome, ev0, ev1)
 
 
 current_mm: contextvars.ContextVar[_MmReq | None] = contextvars.ContextVar("mmtrace_mm_legacy", default=None)
@@ -116,14 +116,26 @@ def _request_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 
 
 def _resolve_gpu(req: _MmReq) -> None:
-    """Emit the resize stages: GPU-timed when their end event has completed, host-timed otherwise."""
+    """Emit the GPU-timed stages: by CUDA events when their end event has completed, host-timed otherwise."""
     with req.lock:
         pending, req.gpu_pending = req.gpu_pending, []
-    for t0, t1, ev0, ev1, attrs in pending:
-        _add_resize(req.trace, t0, t1, ev0, ev1, attrs)
+    for stage, t0, t1, ev0, ev1, attrs in pending:
+        _add_gpu_stage(req.trace, stage, t0, t1, ev0, ev1, attrs)
 
 
-def _add_resize(trace: ApiTrace, t0: float, t1: float, ev0: Any, ev1: Any, attrs: dict[str, Any]) -> None:
+def _defer_gpu_stage(stage: str, t0: float, t1: float, ev0: Any, ev1: Any, attrs: dict[str, Any]) -> None:
+    """Read the events at the end of ``process_mm_data_async`` (later work has hidden the GPU's lag)."""
+    req, trace = current_mm.get(), _trace()
+    if req is not None and ev0 is not None:
+        with req.lock:
+            req.gpu_pending.append((stage, t0, t1, ev0, ev1, attrs))
+    elif trace is not None:
+        _add_gpu_stage(trace, stage, t0, t1, ev0, ev1, attrs)
+
+
+def _add_gpu_stage(
+    trace: ApiTrace, stage: str, t0: float, t1: float, ev0: Any, ev1: Any, attrs: dict[str, Any]
+) -> None:
     clock = "host"
     end = t1
     if ev0 is not None and ev1 is not None:
@@ -137,7 +149,7 @@ def _add_resize(trace: ApiTrace, t0: float, t1: float, ev0: Any, ev1: Any, attrs
                 attrs = {**attrs, "gpu": "pending"}
         except Exception:
             attrs = {**attrs, "gpu": "unreadable"}
-    trace.add("mm.resize_normalize", t0, end, attrs, clock)
+    trace.add(stage, t0, end, attrs, clock)
 
 
 # -- IO threads: _load_single_item and get_image_bytes ----------------------------------------
@@ -196,12 +208,14 @@ def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     if trace is None or c is None or exc is None and not isinstance(result, tuple):
         return
     if c.ipc:
-        nbytes = sum(n for _, _, n, _ in c.ipc)
-        outcomes = {o for _, _, _, o in c.ipc}
+        nbytes = sum(e[2] for e in c.ipc)
+        outcomes = {e[3] for e in c.ipc}
         mode = "cuda_ipc" if outcomes == {"cuda_ipc"} else "cuda_ipc+cpu_fallback"
-        trace.add(
-            "transport.prepare", c.ipc[0][0], c.ipc[-1][1], {"mode": mode, "bytes": nbytes, "tensors": len(c.ipc)}
-        )
+        attrs = {"mode": mode, "bytes": nbytes, "tensors": len(c.ipc)}
+        # the pool copies are non-blocking launches: their GPU time spans the first to the last event
+        timed = all(e[4] is not None for e in c.ipc)
+        ev0, ev1 = (c.ipc[0][4], c.ipc[-1][5]) if timed else (None, None)
+        _defer_gpu_stage("transport.prepare", c.ipc[0][0], c.ipc[-1][1], ev0, ev1, attrs)
         trace.transport_bytes += nbytes
         trace.transport_mode = "cuda_ipc"
     if exc is not None or c.t_resize_end is None:
@@ -243,29 +257,54 @@ def _combine_async_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None
         req.t_combined = t1
 
 
-def _resize_wrapper(kind: str):
-    component = "mm_processor.resize_normalize_legacy"
-    if kind != "sync":
-        raise ValueError(f"{component}: expected a sync target, got {kind}")
+def gpu_timed(component: str, nvtx: Any, start: Any, done: Any) -> HookSpec:
+    """A sync hook bracketed by CUDA events (``start`` records the first, plugin code, guarded) inside an
+    NVTX range; ``done(ev, t0, t1, args, kwargs, result, exc)`` records the second and files the stage."""
 
-    def wrapper(wrapped, instance, args, kwargs):
-        ev = guarded(component, _events_start, instance)
-        pushed = push_nvtx(component, _nv("mm.resize_normalize"), instance, args, kwargs) is not None
-        t0 = now()
-        result = exc = None
-        try:
-            result = wrapped(*args, **kwargs)
-            return result
-        except BaseException as e:
-            exc = e
-            raise
-        finally:
-            t1 = now()
-            if pushed:
-                guarded(component, nvtx_ranges.pop)
-            guarded(component, _resize_done, ev, t0, t1, args, kwargs, exc)
+    def make(kind: str) -> Wrapper:
+        if kind != "sync":
+            raise ValueError(f"{component}: expected a sync target, got {kind}")
 
-    return wrapper
+        def wrapper(wrapped, instance, args, kwargs):
+            ev = guarded(component, start, instance, args, kwargs)
+            pushed = push_nvtx(component, nvtx, instance, args, kwargs) is not None
+            t0 = now()
+            result = exc = None
+            try:
+                result = wrapped(*args, **kwargs)
+                return result
+            except BaseException as e:
+                exc = e
+                raise
+            finally:
+                t1 = now()
+                if pushed:
+                    guarded(component, nvtx_ranges.pop)
+                guarded(component, done, ev, t0, t1, args, kwargs, result, exc)
+
+        return wrapper
+
+    return HookSpec(component, make=make)
+
+
+def _end_event(ev: Any) -> tuple[Any, Any]:
+    if ev is None:
+        return None, None
+    import torch
+
+    ev0, stream = ev
+    ev1 = torch.cuda.Event(enable_timing=True)
+    ev1.record(stream)
+    return ev0, ev1
+
+
+def _resize_start(instance: Any, args: tuple, kwargs: dict) -> Any:
+    return _events_start(instance)
+
+
+def _ipc_start(instance: Any, args: tuple, kwargs: dict) -> Any:
+    tensor = arg(args, kwargs, 0, "tensor")
+    return _events_start(instance) if getattr(tensor, "is_cuda", False) and getattr(_tls, "combine", None) else None
 
 
 def _events_start(instance: Any) -> Any:
@@ -284,7 +323,9 @@ def _events_start(instance: Any) -> Any:
     return ev0, stream
 
 
-def _resize_done(ev: Any, t0: float, t1: float, args: tuple, kwargs: dict, exc: BaseException | None) -> None:
+def _resize_done(
+    ev: Any, t0: float, t1: float, args: tuple, kwargs: dict, result: Any, exc: BaseException | None
+) -> None:
     c = getattr(_tls, "combine", None)
     if c is not None:
         c.t_resize_end = t1
@@ -293,28 +334,20 @@ def _resize_done(ev: Any, t0: float, t1: float, args: tuple, kwargs: dict, exc: 
         return
     images = kwargs.get("images") if "images" in kwargs else (args[1] if len(args) > 1 else None)
     attrs: dict[str, Any] = {"images": len(images or ())}
-    ev0 = ev1 = None
-    if ev is not None:
-        import torch
-
-        ev0, stream = ev
-        ev1 = torch.cuda.Event(enable_timing=True)
-        ev1.record(stream)
-    req = current_mm.get()
-    if ev0 is not None and req is not None and exc is None:
-        with req.lock:
-            req.gpu_pending.append((t0, t1, ev0, ev1, attrs))  # read at the end of process_mm_data_async
+    ev0, ev1 = _end_event(ev)
+    if exc is None:
+        _defer_gpu_stage("mm.resize_normalize", t0, t1, ev0, ev1, attrs)
     else:
-        _add_resize(trace, t0, t1, ev0, ev1, attrs)
+        _add_gpu_stage(trace, "mm.resize_normalize", t0, t1, ev0, ev1, attrs)
 
 
-def _ipc_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+def _ipc_done(ev: Any, t0: float, t1: float, args: tuple, kwargs: dict, result: Any, exc: Any) -> None:
     c = getattr(_tls, "combine", None)
     tensor = arg(args, kwargs, 0, "tensor")
     if c is None or exc is not None or not getattr(tensor, "is_cuda", False):
         return  # CPU tensors pass through untouched
     outcome = "cpu_fallback" if type(result).__name__ == "Tensor" else "cuda_ipc"  # pool full -> tensor.cpu()
-    c.ipc.append((t0, t1, int(tensor.nbytes), outcome))
+    c.ipc.append((t0, t1, int(tensor.nbytes), outcome, *_end_event(ev)))
 
 
 HOOKS: dict[str, HookSpec] = {
@@ -325,8 +358,10 @@ HOOKS: dict[str, HookSpec] = {
     "mm_processor.fetch_legacy": interval("mm_processor.fetch_legacy", _fetch_exit, nvtx=_nv("mm.load", _fetch_rid)),
     "mm_processor.combine_legacy": interval("mm_processor.combine_legacy", _combine_exit, _combine_enter),
     "mm_processor.combine_async_legacy": interval("mm_processor.combine_async_legacy", _combine_async_exit),
-    "mm_processor.resize_normalize_legacy": HookSpec("mm_processor.resize_normalize_legacy", make=_resize_wrapper),
-    "transport.cuda_ipc_legacy": interval(
-        "transport.cuda_ipc_legacy", _ipc_exit, nvtx=_nv("transport.prepare", _ipc_rid)
+    "mm_processor.resize_normalize_legacy": gpu_timed(
+        "mm_processor.resize_normalize_legacy", _nv("mm.resize_normalize"), _resize_start, _resize_done
+    ),
+    "transport.cuda_ipc_legacy": gpu_timed(
+        "transport.cuda_ipc_legacy", _nv("transport.prepare", _ipc_rid), _ipc_start, _ipc_done
     ),
 }
