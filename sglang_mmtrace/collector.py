@@ -242,7 +242,7 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
             events.append(e)
         events.append(StageEvent("http.parse", API, arrival, http.t_handle or trace.t_created))
     events.extend(trace.events)
-    events.extend(remote)
+    events.extend(_with_transport(remote, trace))
     events.extend(_join_stages(trace.events, remote, trace.t_first_output))
     status, error = _status(trace)
     t_first = http.t_first_body if http is not None else trace.t_first_output
@@ -286,6 +286,18 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
         "coverage": round(cov, 6),
         **({"content": trace.content} if trace.content is not None else {}),
     }
+
+
+def _with_transport(remote: list[StageEvent], trace: ApiTrace) -> list[StageEvent]:
+    """``scheduler.recv`` carries the hand-off's ``mode`` and ``bytes``: what the API process prepared
+    is what the scheduler received and materialized (known on the API side, joined here)."""
+    if not trace.transport_bytes or not trace.transport_mode:
+        return remote
+    add = {"mode": trace.transport_mode, "bytes": int(trace.transport_bytes)}
+    return [
+        StageEvent(e.name, e.process, e.t0, e.t1, e.clock, {**e.attrs, **add}) if e.name == "scheduler.recv" else e
+        for e in remote
+    ]
 
 
 def _first(events: list[StageEvent], name: str) -> StageEvent | None:

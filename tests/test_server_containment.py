@@ -22,9 +22,8 @@ import time
 from typing import Any
 
 import pytest
-from conftest import HEALTH_TIMEOUT_S, server_context, state
+from conftest import server_context, start_server, state
 
-from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
 from sglang_mmtrace.manifest import load as load_manifest
 from sglang_mmtrace.package import sglang_version
@@ -39,19 +38,8 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture(scope="module")
 def raising_server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mmtrace-raising")
-    srv = CpuServer(
-        jsonl_path=folder / "records.jsonl",
-        server_args=DEMO_SERVER_ARGS,
-        log_path=folder / "server.log",
-        env={"SGLANG_MMTRACE_TEST_RAISE": "all"},
-        health_timeout=HEALTH_TIMEOUT_S,
-    )
-    srv.start()
-    try:
+    with start_server(tmp_path_factory, "mmtrace-raising", env={"SGLANG_MMTRACE_TEST_RAISE": "all"}) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def _requests() -> list[tuple[str, list[dict[str, Any]]]]:

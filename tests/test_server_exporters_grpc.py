@@ -11,10 +11,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import server_context, state
+from conftest import server_context, start_server, state
 from peers.otlp_receiver import OtlpReceiver
 from test_server_exporters import (
-    HEALTH_TIMEOUT_S,
     PREFIX,
     QUESTION,
     TEXT,
@@ -28,8 +27,7 @@ from test_server_exporters import (
     wait_spans,
 )
 
-from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
-from sglang_mmtrace.harness import CpuServer, image_message
+from sglang_mmtrace.harness import image_message
 
 pytestmark = pytest.mark.server
 
@@ -46,22 +44,12 @@ def grpc_receiver():
 
 @pytest.fixture(scope="module")
 def server_b(tmp_path_factory, grpc_receiver):
-    folder = tmp_path_factory.mktemp("exporters-b")
-    srv = CpuServer(
-        env={
-            "SGLANG_MMTRACE_OTLP_ENDPOINT": f"http://127.0.0.1:{grpc_receiver.grpc_port}",
-            "SGLANG_MMTRACE_OTLP_PROTOCOL": "grpc",
-        },
-        jsonl_path=folder / "records.jsonl",
-        server_args=DEMO_SERVER_ARGS,
-        log_path=folder / "server.log",
-        health_timeout=HEALTH_TIMEOUT_S,
-    )
-    srv.start()
-    try:
+    env = {
+        "SGLANG_MMTRACE_OTLP_ENDPOINT": f"http://127.0.0.1:{grpc_receiver.grpc_port}",
+        "SGLANG_MMTRACE_OTLP_PROTOCOL": "grpc",
+    }
+    with start_server(tmp_path_factory, "exporters-b", env=env) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_otlp_grpc_export_then_receiver_gone(server_b, grpc_receiver):

@@ -20,17 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import records, server_context, state
+from conftest import records, server_context, start_server, state
 from peers import nvtx as cap
 
-from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
 from sglang_mmtrace.nvtx_ranges import DOMAIN
 from sglang_mmtrace.stages import STAGES
 
 pytestmark = pytest.mark.server
 
-HEALTH_TIMEOUT_S = 900.0  # shared CPU machines: ~45 s alone, minutes under load
 RECORD_TIMEOUT_S = 120.0
 QUESTION = "NVTX test: what is in this image?"
 
@@ -79,15 +77,8 @@ def nvtx_capture(tmp_path_factory, capture_lib) -> Capture:
     folder = tmp_path_factory.mktemp("nvtx-capture")
     out = folder / "ranges"
     out.mkdir()
-    srv = CpuServer(
-        env={cap.INJECTION_ENV: str(capture_lib), cap.DIR_ENV: str(out)},
-        jsonl_path=folder / "records.jsonl",
-        server_args=DEMO_SERVER_ARGS,
-        log_path=folder / "server.log",
-        health_timeout=HEALTH_TIMEOUT_S,
-    )
-    srv.start()
-    try:
+    env = {cap.INJECTION_ENV: str(capture_lib), cap.DIR_ENV: str(out)}
+    with start_server(tmp_path_factory, "nvtx-server", env=env) as srv:
         offsets = cap.file_offsets(out)  # startup and SGLang's warmup request are not ours
         a = data_url(make_image(512, 512, seed=9101))
         b, c = data_url(make_image(256, 256, seed=9102)), data_url(make_image(320, 240, seed=9103))
@@ -123,8 +114,6 @@ def nvtx_capture(tmp_path_factory, capture_lib) -> Capture:
             pids[process].add(int(pid))
         events = [ev for ev in cap.read_events(out, offsets) if ev.domain == DOMAIN and ev.kind != "D"]
         yield Capture(srv, out, events, rids, recs, dict(pids))
-    finally:
-        srv.stop()
 
 
 def test_capture_library_builds_and_loads(nvtx_capture):
