@@ -41,6 +41,7 @@ MIX = {"new_image": 30, "repeat_image": 25, "text": 25, "disconnect": 8, "close_
 LONG = {"disconnect", "abort"}  # long generations, cut short by the client or the abort endpoint
 FINISHED = {"new_image", "repeat_image", "text"}
 REPEATED_POOL = 8
+ROLES = {"sglang::schedul": "scheduler", "sglang::detoken": "detokenizer"}
 
 
 @dataclass
@@ -211,7 +212,8 @@ def process_rss(server: CpuServer) -> dict[str, int]:
         except OSError:
             continue
         rss = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-        role = "api" if pid == server.process.pid else comm.removeprefix("sglang::")
+        # /proc/<pid>/comm is cut at 15 characters: "sglang::schedul", "sglang::detoken"
+        role = "api" if pid == server.process.pid else ROLES.get(comm, comm)
         if "resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
             role = "resource_tracker"
         out[role] = out.get(role, 0) + rss
