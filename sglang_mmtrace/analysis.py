@@ -71,18 +71,30 @@ def stage_totals(rec: dict[str, Any]) -> dict[str, float]:
 
 
 def exclusive_times(rec: dict[str, Any]) -> dict[str, float]:
-    """Seconds per stage minus the time of its catalogue children present in the record.
+    """Seconds of ``[0, ttft_s]`` during which each stage was the most specific one running.
 
-    Stages nest (``tokenize`` holds ``mm.process``, which holds ``mm.decode``...), so their raw
-    durations cannot be stacked; their exclusive times can (they add up to the attributed time).
+    Stages nest (``tokenize`` holds ``mm.process``...) and, across processes, overlap (the API's
+    ``dispatch`` returns after the scheduler started receiving), so raw durations cannot be stacked.
+    Each instant goes to one stage: the deepest in the catalogue, then the one that started last
+    (where the request has got to). Per request the values add up to ``coverage * ttft_s``.
     """
-    totals = stage_totals(rec)
-    out = dict(totals)
-    for name, dur in totals.items():
-        parent = STAGES[name].parent if name in STAGES else None
-        if parent in out:
-            out[parent] -= dur
-    return {name: max(0.0, v) for name, v in out.items()}
+    ttft = rec.get("ttft_s") or 0.0
+    spans = []
+    for s in rec.get("stages", ()):
+        if s["name"] == ROOT or (s.get("attrs") or {}).get("skipped"):
+            continue
+        start, end = max(0.0, s["start_s"]), min(ttft, s["start_s"] + s["dur_s"])
+        if end > start:
+            depth = STAGES[s["name"]].depth if s["name"] in STAGES else 1
+            spans.append((start, end, (depth, s["start_s"]), s["name"]))
+    out: dict[str, float] = dict.fromkeys(stage_totals(rec), 0.0)
+    out.pop(ROOT, None)
+    edges = sorted({t for start, end, _, _ in spans for t in (start, end)})
+    for lo, hi in zip(edges, edges[1:], strict=False):
+        running = [(rank, name) for start, end, rank, name in spans if start <= lo and hi <= end]
+        if running:
+            out[max(running)[1]] += hi - lo
+    return out
 
 
 def unattributed_s(rec: dict[str, Any]) -> float:

@@ -1,9 +1,9 @@
 """``report --html``: one self-contained page (inline CSS and SVG, no script, no network).
 
 Sections, per group (bench experiment / variant, else request kind):
-- ``breakdown``: a stacked bar of median exclusive stage times (a stage minus its child stages,
-  so nested stages do not count twice), in catalogue display order, plus ``unattributed``
-  (TTFT p50 minus the stacked stages, when positive), against the TTFT p50 tick;
+- ``breakdown``: a stacked bar of median exclusive stage times (the time a stage was the most
+  specific one running, so nested and cross-process overlapping stages do not count twice), in
+  catalogue display order, plus the median ``unattributed`` time, against the TTFT p50 tick;
 - ``waterfalls``: the fastest, median and slowest request, one row per stage of its record, each bar
   at ``start_s`` for ``dur_s``, coloured by the process that measured it;
 - ``cache``: hit ratios of the preprocessing cache, the embedding cache and the image prefix;
@@ -253,8 +253,8 @@ generated {now}; total unattributed {_ms(unattributed_total)}</div>
 <table><tr><th>group</th><th>n</th><th>failed</th><th>TTFT p50</th><th>TTFT p95</th><th>client TTFT p50</th><th>coverage p50</th></tr>
 {overview}</table></section>
 <section id="breakdown"><h2>Where TTFT goes (p50 per stage)</h2>
-<div class="muted">Each segment is a stage's median exclusive time (the stage minus its child stages), in
-catalogue order, then the median unattributed time. The black tick is TTFT p50: for one request the stack
+<div class="muted">Each segment is a stage's median exclusive time (the time it was the most specific stage
+running, so nested and overlapping stages do not count twice), in catalogue order, then the median unattributed time. The black tick is TTFT p50: for one request the stack
 ends on it; over many, medians of the parts need not add up to the median of the whole.</div>
 <div class="legend">{legend}</div>{breakdown}</section>
 <section id="cache"><h2>Cache hit ratios</h2>
