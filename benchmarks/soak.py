@@ -294,11 +294,14 @@ def memory_table(samples: list[dict[str, Any]], off_total: int) -> dict[str, dic
     out: dict[str, dict[str, float]] = {}
     on_s = [s for s in samples if s.get("on")]
     pairs = []
+    seen_off: set[int] = set()
     for s in samples:
-        if s.get("off") and 0 < s["off_done"] <= off_total:
+        # while the off arm was still running: one sample per finished-request count (not its idle tail)
+        if s.get("off") and 0 < s["off_done"] <= off_total and s["off_done"] not in seen_off:
+            seen_off.add(s["off_done"])
             near = min(on_s, key=lambda o: abs(o["on_done"] - s["off_done"]))
             pairs.append((near["on"], s["off"]))
-    roles = sorted({r for on, off in pairs for r in on} & {r for on, off in pairs for r in off})
+    roles = sorted({r for on, _ in pairs for r in on} & {r for _, off in pairs for r in off})
     for role in roles:
         on = [p[0][role] for p in pairs if role in p[0] and role in p[1]]
         off = [p[1][role] for p in pairs if role in p[0] and role in p[1]]
@@ -364,7 +367,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"remote pending {on['state']['remote_pending']}, errors {on['state']['errors']}, dropped {on['state']['dropped']}.",
         "",
         f"Memory: RSS of each SGLang process, plugin on vs off, matched at equal finished-request counts "
-        f"(off ran the first {result['off_requests']} requests of the same plan; on ran {result['on_requests']}).",
+        f"(off ran the first {sum(v['sent'] for v in result['off']['by_kind'].values())} requests of the same plan; "
+        f"on ran {sum(v['sent'] for v in result['on']['by_kind'].values())}).",
         "",
         "| process | on median (MiB) | off median | ratio median | ratio peak | ratio at last matched point "
         "| on at its end (MiB) | matched samples |",
@@ -376,6 +380,17 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {m['last_matched_ratio']} | {m['on_final_mib']} | {m['matched_samples']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def rerender(path: Path) -> None:
+    """Recompute the memory table from a ``soak.json``'s raw RSS samples and rewrite it and ``soak.md``."""
+    result = json.loads(path.read_text())
+    for sample in result["rss_samples"]:
+        for arm in ("on", "off"):
+            sample[arm] = {ROLES.get("sglang::" + k, k): v for k, v in sample[arm].items()}
+    result["memory"] = memory_table(result["rss_samples"], result["off_requests"])
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    path.with_suffix(".md").write_text(markdown(result))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -393,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results" / "reliability"))
     ap.add_argument("--health-timeout", type=float, default=900.0)
     ap.add_argument("--max-minutes", type=float, default=None, help="start no request after this long")
+    ap.add_argument("--rerender", metavar="SOAK_JSON", help="only recompute the tables of an earlier run")
     args = ap.parse_args(argv)
+    if args.rerender:
+        rerender(Path(args.rerender))
+        return 0
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from peers.otlp_receiver import OtlpReceiver
 
