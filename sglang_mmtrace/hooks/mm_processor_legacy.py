@@ -28,9 +28,9 @@ import contextvars
 import threading
 from typing import Any
 
-from .. import config, nvtx_ranges
+from .. import config
 from ..context import ApiTrace, current_trace
-from .base import HookSpec, Wrapper, arg, guarded, interval, now, push_nvtx
+from .base import HookSpec, arg, interval
 
 _tls = threading.local()
 
@@ -257,36 +257,6 @@ def _combine_async_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None
         req.t_combined = t1
 
 
-def gpu_timed(component: str, nvtx: Any, start: Any, done: Any) -> HookSpec:
-    """A sync hook bracketed by CUDA events (``start`` records the first, plugin code, guarded) inside an
-    NVTX range; ``done(ev, t0, t1, args, kwargs, result, exc)`` records the second and files the stage."""
-
-    def make(kind: str) -> Wrapper:
-        if kind != "sync":
-            raise ValueError(f"{component}: expected a sync target, got {kind}")
-
-        def wrapper(wrapped, instance, args, kwargs):
-            ev = guarded(component, start, instance, args, kwargs)
-            pushed = push_nvtx(component, nvtx, instance, args, kwargs) is not None
-            t0 = now()
-            result = exc = None
-            try:
-                result = wrapped(*args, **kwargs)
-                return result
-            except BaseException as e:
-                exc = e
-                raise
-            finally:
-                t1 = now()
-                if pushed:
-                    guarded(component, nvtx_ranges.pop)
-                guarded(component, done, ev, t0, t1, args, kwargs, result, exc)
-
-        return wrapper
-
-    return HookSpec(component, make=make)
-
-
 def _end_event(ev: Any) -> tuple[Any, Any]:
     if ev is None:
         return None, None
@@ -323,9 +293,7 @@ def _events_start(instance: Any) -> Any:
     return ev0, stream
 
 
-def _resize_done(
-    ev: Any, t0: float, t1: float, args: tuple, kwargs: dict, result: Any, exc: BaseException | None
-) -> None:
+def _resize_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
     c = getattr(_tls, "combine", None)
     if c is not None:
         c.t_resize_end = t1
@@ -341,7 +309,7 @@ def _resize_done(
         _add_gpu_stage(trace, "mm.resize_normalize", t0, t1, ev0, ev1, attrs)
 
 
-def _ipc_done(ev: Any, t0: float, t1: float, args: tuple, kwargs: dict, result: Any, exc: Any) -> None:
+def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
     c = getattr(_tls, "combine", None)
     tensor = arg(args, kwargs, 0, "tensor")
     if c is None or exc is not None or not getattr(tensor, "is_cuda", False):
@@ -358,10 +326,11 @@ HOOKS: dict[str, HookSpec] = {
     "mm_processor.fetch_legacy": interval("mm_processor.fetch_legacy", _fetch_exit, nvtx=_nv("mm.load", _fetch_rid)),
     "mm_processor.combine_legacy": interval("mm_processor.combine_legacy", _combine_exit, _combine_enter),
     "mm_processor.combine_async_legacy": interval("mm_processor.combine_async_legacy", _combine_async_exit),
-    "mm_processor.resize_normalize_legacy": gpu_timed(
-        "mm_processor.resize_normalize_legacy", _nv("mm.resize_normalize"), _resize_start, _resize_done
+    # CUDA events bracket these calls: the enter step records the first, the exit step the second
+    "mm_processor.resize_normalize_legacy": interval(
+        "mm_processor.resize_normalize_legacy", _resize_done, _resize_start, nvtx=_nv("mm.resize_normalize")
     ),
-    "transport.cuda_ipc_legacy": gpu_timed(
-        "transport.cuda_ipc_legacy", _nv("transport.prepare", _ipc_rid), _ipc_start, _ipc_done
+    "transport.cuda_ipc_legacy": interval(
+        "transport.cuda_ipc_legacy", _ipc_done, _ipc_start, nvtx=_nv("transport.prepare", _ipc_rid)
     ),
 }
