@@ -16,10 +16,8 @@ import contextlib
 import os
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,23 +98,7 @@ class GpuServer(CpuServer):
             fd, name = tempfile.mkstemp(prefix=f"sglang-{self.port}-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        t0 = time.monotonic()
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                self.command(),
-                env=self.environment(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_seconds = time.monotonic() - t0
-        return self
+        return self._launch(self.environment())
 
 
 def make_server(

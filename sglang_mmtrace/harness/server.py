@@ -190,11 +190,16 @@ class CpuServer:
             self.log_path = self._log_path_arg
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
 
+        return self._launch(self.environment(stub_dir))
+
+    def _launch(self, env: dict[str, str]) -> CpuServer:
+        """Start ``command()`` in its own session, logging to ``log_path``; wait for /health or stop it."""
+        assert self.log_path is not None
         t0 = time.monotonic()
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 self.command(),
-                env=self.environment(stub_dir),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
