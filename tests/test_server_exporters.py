@@ -471,9 +471,7 @@ def scraped(server_a, prometheus) -> Scraped:
     # Evaluate every query half a millisecond after that scrape: the sample at exactly the scrape's
     # timestamp is then inside the lookback window whatever way the float time is rounded to
     # milliseconds, and the next scrape (1 s later) is not; a later failed scrape (stale markers)
-    # cannot hide it either. (Queries at exactly the scrape's timestamp, printed with 3 decimals, were
-    # seen to return the previous scrape, whose counter and histogram files prometheus_client had read
-    # on either side of a record's observations.)
+    # cannot hide it either.
     at = scrape_ts + 0.0005
     assert len(read_records(server_a.jsonl_path)) == len(recs), "records were added while scraping"
     return Scraped(recs, at, text)

@@ -171,9 +171,17 @@ class PrometheusServer:
         return list(self.api("alerts")["alerts"])
 
     def last_scrape_unix(self) -> float | None:
-        """Timestamp (unix s) of the latest successful scrape of the target, from ``timestamp(up)``."""
-        result = self.query(f'timestamp(up{{job="{self.JOB}"}} == 1)')
-        return max((r["value"] for r in result), default=None)
+        """Timestamp (unix s) of the latest successful scrape of the target.
+
+        Read from the raw samples of ``up`` (a range selector): ``timestamp(up == 1)`` would return the
+        *evaluation* time, not the scrape's, because ``timestamp()`` keeps sample timestamps only for a
+        bare selector (Prometheus 2.42 here), and a scrape that ran before the caller's cut-off would
+        then pass for one after it.
+        """
+        data = self.api("query", query=f'up{{job="{self.JOB}"}}[30s]')
+        assert data["resultType"] == "matrix", f"up[30s]: expected a matrix, got {data['resultType']}"
+        times = [float(t) for series in data["result"] for t, v in series["values"] if float(v) == 1.0]
+        return max(times, default=None)
 
     def wait_scrape_after(self, t_unix: float, timeout: float = 60.0) -> float:
         """Block until a successful scrape started after ``t_unix``; returns its timestamp."""
