@@ -1,0 +1,661 @@
+"""CUDA-event timing of GPU stages, on a stand-in for ``torch.cuda`` (no GPU, no SGLang).
+
+Why a stand-in: CI has no GPU, so ``torch.cuda`` is replaced by ``FakeCuda`` below. The real path
+(CUDA events on an H200, SGLang 0.5.17) was measured and cross-checked against Nsight Systems in
+``benchmarks/results/gpu-h200-0.5.17/NOTES.md``; these tests pin the bookkeeping around the events.
+
+The stand-in logs every ``record()`` into a list shared with the wrapped SGLang functions (so the
+bracket order is visible), keeps a fake GPU clock that the wrapped functions advance (so
+``elapsed_time`` returns a known number of ms), answers ``query()`` False until a test flips
+``completed``, and makes every host sync (``torch.cuda.synchronize``, ``Event.synchronize``,
+``Stream.synchronize``) raise. Plugin code runs under ``guarded``, which would swallow that raise,
+so each sync is also logged in ``syncs`` and every test asserts that list stays empty.
+
+Hooks are built as SGLang gets them: ``HOOKS[id].make(kind)`` gives a wrapt-style wrapper
+``(wrapped, instance, args, kwargs)``. Host time is a fake ``perf_counter`` that advances 10 ms a
+call, so host and GPU durations differ and can be told apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from sglang_mmtrace import config, nvtx_ranges, runtime, telemetry
+from sglang_mmtrace import scheduler_state as ss
+from sglang_mmtrace.collector import Collector
+from sglang_mmtrace.context import ApiTrace, current_trace
+from sglang_mmtrace.hooks import base, batch_result, mm_embedding, mm_embedding_legacy, model_runner, scheduler
+from sglang_mmtrace.hooks import mm_processor_legacy as mpl
+from sglang_mmtrace.record import StageEvent
+
+HOST_STEP_S = 0.010
+"""Each call of the fake ``perf_counter`` advances host time by this much."""
+
+
+# -- the stand-in for torch.cuda ---------------------------------------------------------------
+
+
+class HostSync(AssertionError):
+    """A host sync was attempted: the plugin must never add one."""
+
+
+class FakeStream:
+    def __init__(self, cuda: FakeCuda, index: int) -> None:
+        self.cuda = cuda
+        self.index = index
+
+    def synchronize(self) -> None:
+        self.cuda.sync(f"Stream.synchronize cuda:{self.index}")
+
+
+class FakeEvent:
+    """Records a timestamp of the fake GPU clock; readable only once the test says the GPU is done."""
+
+    cuda: FakeCuda  # set on the per-test subclass
+
+    def __init__(self, enable_timing: bool = False, **_: Any) -> None:
+        self.name = f"ev{len(self.cuda.events)}"
+        self.enable_timing = enable_timing
+        self.stamp_ms: float | None = None
+        self.stream: Any = None
+        self.cuda.events.append(self)
+
+    def record(self, stream: Any = None) -> None:
+        self.stamp_ms = self.cuda.gpu_ms
+        self.stream = stream
+        self.cuda.log.append(f"record {self.name}")
+
+    def query(self) -> bool:
+        self.cuda.queries += 1
+        return self.stamp_ms is not None and self.cuda.completed
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        self.cuda.reads += 1
+        if self.cuda.elapsed_error is not None:
+            raise self.cuda.elapsed_error
+        if not (self.enable_timing and end.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'")
+        if not self.cuda.completed or self.stamp_ms is None or end.stamp_ms is None:
+            raise RuntimeError("CUDA error: device not ready")  # what the real call does on a pending event
+        return end.stamp_ms - self.stamp_ms
+
+    def synchronize(self) -> None:
+        self.cuda.sync(f"Event.synchronize {self.name}")
+
+
+class FakeCuda:
+    """What a test controls: availability, capture, the GPU clock and when the GPU has caught up."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.available = True
+        self.initialized = True
+        self.capturing = False
+        self.completed = False
+        self.gpu_ms = 0.0
+        self.elapsed_error: Exception | None = None
+        self.events: list[FakeEvent] = []
+        self.streams: dict[int, FakeStream] = {}
+        self.queries = 0
+        self.reads = 0
+        self.syncs: list[str] = []
+        self.Event = type("Event", (FakeEvent,), {"cuda": self})
+
+    def gpu_work(self, ms: float) -> None:
+        """Kernels launched by a wrapped function: the GPU clock moves, the host does not wait."""
+        self.gpu_ms += ms
+
+    def current_stream(self, device: Any = None) -> FakeStream:
+        index = 0 if device is None else (device.index or 0)
+        return self.streams.setdefault(index, FakeStream(self, index))
+
+    def sync(self, what: str) -> None:
+        self.syncs.append(what)
+        raise HostSync(what)
+
+
+@pytest.fixture
+def log() -> list[str]:
+    """Shared order log: fake events append ``record evN``, wrapped functions append their name."""
+    return []
+
+
+@pytest.fixture
+def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
+    fake = FakeCuda(log)
+    tc = torch.cuda
+    monkeypatch.setattr(tc, "is_available", lambda: fake.available)
+    monkeypatch.setattr(tc, "is_initialized", lambda: fake.initialized)
+    monkeypatch.setattr(tc, "current_stream", fake.current_stream)
+    monkeypatch.setattr(tc, "is_current_stream_capturing", lambda: fake.capturing)
+    monkeypatch.setattr(tc, "Event", fake.Event)
+    monkeypatch.setattr(tc, "synchronize", lambda device=None: fake.sync("torch.cuda.synchronize"))
+    monkeypatch.setattr(tc.Stream, "synchronize", lambda self: fake.sync("torch.cuda.Stream.synchronize"))
+    monkeypatch.delenv("SGLANG_MMTRACE_GPU_TIMING", raising=False)
+    monkeypatch.delenv("SGLANG_MMTRACE_TEST_RAISE", raising=False)
+    config.reset()
+    # a fake perf_counter: 10 ms a call (base.interval, the scheduler state; the pre-cdbd963 wrapper too)
+    ticks = itertools.count()
+    host = lambda: 100.0 + next(ticks) * HOST_STEP_S  # noqa: E731
+    monkeypatch.setattr(base, "now", host)
+    monkeypatch.setattr(ss, "now", host)
+    monkeypatch.setattr(mpl, "now", host, raising=False)
+    monkeypatch.setattr(nvtx_ranges, "domain", None)
+    errors_before = dict(telemetry.errors)
+    yield fake
+    config.reset()
+    assert fake.syncs == [], "plugin code attempted a host sync"
+    assert dict(telemetry.errors) == errors_before, "plugin code failed (contained)"
+
+
+def gpu_timing_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SGLANG_MMTRACE_GPU_TIMING", "0")
+    config.reset()
+
+
+# -- API process: the 0.5.17 resize and cuda_ipc hooks -------------------------------------------
+
+
+def hook(hook_id: str, kind: str = "sync") -> Callable[..., Any]:
+    return mpl.HOOKS[hook_id].make(kind)
+
+
+RESIZE = "mm_processor.resize_normalize_legacy"
+IPC = "transport.cuda_ipc_legacy"
+COMBINE = "mm_processor.combine_legacy"
+REQUEST = "mm_processor.request_legacy"
+
+
+def processor(gpu_id: int = 0) -> SimpleNamespace:
+    """The ``BaseMultimodalProcessor`` instance: the hooks read only ``server_args.base_gpu_id``."""
+    return SimpleNamespace(server_args=SimpleNamespace(base_gpu_id=gpu_id))
+
+
+def in_trace(trace: ApiTrace | None, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a fresh context where ``trace`` is the current request (as the TM sets it)."""
+
+    def run() -> Any:
+        current_trace.set(trace)
+        return fn()
+
+    return contextvars.copy_context().run(run)
+
+
+def stages(trace: ApiTrace, name: str) -> list[StageEvent]:
+    return [e for e in trace.events if e.name == name]
+
+
+class Wrapped:
+    """A stand-in SGLang function: logs its call, launches ``gpu_ms`` of GPU work, returns or raises."""
+
+    def __init__(self, name: str, cuda: FakeCuda, gpu_ms: float = 0.0, result: Any = None, exc: Any = None) -> None:
+        self.name, self.cuda, self.gpu_ms, self.result, self.exc = name, cuda, gpu_ms, result, exc
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append((args, kwargs))
+        self.cuda.log.append(self.name)
+        self.cuda.gpu_work(self.gpu_ms)
+        if self.exc is not None:
+            raise self.exc
+        return self.result
+
+
+class CudaTensor:
+    """A feature tensor on the GPU, as ``_wrap_tensor_for_cuda_ipc`` sees it (``is_cuda``, ``nbytes``)."""
+
+    is_cuda = True
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+class IpcProxy:
+    """What the pool path returns (``CudaIpcTensorTransportProxy``): not a ``Tensor``."""
+
+
+def image_item(offsets: list[tuple[int, int]]) -> SimpleNamespace:
+    return SimpleNamespace(modality=SimpleNamespace(name="IMAGE"), offsets=offsets)
+
+
+def test_resize_events_bracket_the_call_once_and_the_result_passes_through(cuda: FakeCuda, log: list[str]) -> None:
+    trace = ApiTrace("r1", None, "m", 0.0)
+    out = object()
+    fn = Wrapped("process_mm_data", cuda, gpu_ms=5.0, result=out)
+    images = ["img"]
+    got = in_trace(trace, lambda: hook(RESIZE)(fn, processor(gpu_id=1), ("text", images), {"extra": 1}))
+    assert got is out
+    assert len(fn.calls) == 1 and fn.calls[0] == (("text", images), {"extra": 1})
+    assert log == ["record ev0", "process_mm_data", "record ev1"]
+    ev0, ev1 = cuda.events
+    # on the current stream of the processor's GPU, with timing enabled
+    assert ev0.stream is cuda.streams[1] and ev1.stream is cuda.streams[1]
+    assert ev0.enable_timing and ev1.enable_timing
+    assert ev1.stamp_ms - ev0.stamp_ms == 5.0
+
+
+def test_resize_nvtx_range_sits_inside_the_events(
+    cuda: FakeCuda, log: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Enter: event, then push; exit: pop, then event (as the pre-cdbd963 ``gpu_timed`` did)."""
+
+    class Domain:
+        def push_range(self, message: str, color: int) -> None:
+            log.append(f"push {message}")
+
+        def pop_range(self) -> None:
+            log.append("pop")
+
+    monkeypatch.setattr(nvtx_ranges, "domain", Domain())
+    trace = ApiTrace("r1", None, "m", 0.0)
+    fn = Wrapped("process_mm_data", cuda)
+    in_trace(trace, lambda: hook(RESIZE)(fn, processor(), ("text", ["img"]), {}))
+    assert log == ["record ev0", "push mm.resize_normalize rid=r1", "process_mm_data", "pop", "record ev1"]
+
+
+def test_resize_exception_passes_through_and_the_stage_is_filed_at_once(cuda: FakeCuda, log: list[str]) -> None:
+    """On an exception the stage is not deferred: filed at exit, host-timed while the GPU lags."""
+    trace = ApiTrace("r1", None, "m", 0.0)
+    err = ValueError("bad image")
+    fn = Wrapped("process_mm_data", cuda, gpu_ms=5.0, exc=err)
+
+    def request() -> None:
+        mpl.current_mm.set(mpl._MmReq(trace))  # inside a request scope: still not deferred
+        hook(RESIZE)(fn, processor(), ("text", ["a", "b"]), {})
+
+    with pytest.raises(ValueError) as info:
+        in_trace(trace, request)
+    assert info.value is err
+    assert len(fn.calls) == 1
+    assert log == ["record ev0", "process_mm_data", "record ev1"]
+    (st,) = stages(trace, "mm.resize_normalize")
+    assert st.clock == "host" and st.t1 - st.t0 == pytest.approx(HOST_STEP_S)
+    assert st.attrs == {"images": 2, "gpu": "pending"}
+    assert cuda.queries == 1 and cuda.reads == 0
+
+
+def run_request(
+    trace: ApiTrace, cuda: FakeCuda, during: Callable[[mpl._MmReq], None], gpu_ms: float, images: int = 1
+) -> Any:
+    """One 0.5.17 request: ``process_mm_data_async`` -> ``process_and_combine_mm_data`` -> ``process_mm_data``.
+
+    ``during(req)`` runs after the combine returned and before the request scope ends.
+    """
+    result = ([image_item([(3, 6)])], [1, 2, 3], {})
+    resize = Wrapped("process_mm_data", cuda, gpu_ms=gpu_ms)
+
+    def combine(base_output: Any) -> Any:
+        cuda.log.append("combine")
+        hook(RESIZE)(resize, processor(), ("text", ["img"] * images), {})
+        return result
+
+    async def process_mm_data_async(image_data: Any, text: str) -> Any:
+        hook(COMBINE)(combine, processor(), (SimpleNamespace(images=[]),), {})
+        during(mpl.current_mm.get())
+        return result
+
+    out = in_trace(
+        trace, lambda: asyncio.run(hook(REQUEST, "async")(process_mm_data_async, processor(), (["u"], "t"), {}))
+    )
+    assert out is result
+    return resize
+
+
+def test_resize_is_deferred_to_the_request_end_and_timed_by_cuda_events(cuda: FakeCuda) -> None:
+    """GPU 250 ms vs host 10 ms: the stage lasts the events' 250 ms; nothing is read before the end."""
+    trace = ApiTrace("r1", None, "m", 0.0)
+
+    def during(req: mpl._MmReq) -> None:
+        assert stages(trace, "mm.resize_normalize") == []  # not filed yet
+        assert [p[0] for p in req.gpu_pending] == ["mm.resize_normalize"]
+        assert cuda.queries == 0 and cuda.reads == 0  # not even polled
+        cuda.completed = True  # later work has hidden the GPU's lag
+
+    run_request(trace, cuda, during, gpu_ms=250.0, images=2)
+    (st,) = stages(trace, "mm.resize_normalize")
+    assert st.clock == "cuda"
+    assert st.t1 - st.t0 == pytest.approx(0.250)
+    assert st.attrs == {"images": 2, "gpu_s": 0.25, "host_s": pytest.approx(HOST_STEP_S)}
+    assert cuda.queries == 1 and cuda.reads == 1
+
+
+def test_resize_gpu_shorter_than_the_host_call_keeps_the_host_interval(cuda: FakeCuda) -> None:
+    """The stage never ends before the host call returned: end = max(t1, t0 + gpu_s); gpu_s is kept."""
+    trace = ApiTrace("r1", None, "m", 0.0)
+    run_request(trace, cuda, lambda req: setattr(cuda, "completed", True), gpu_ms=2.0)
+    (st,) = stages(trace, "mm.resize_normalize")
+    assert st.clock == "cuda"
+    assert st.t1 - st.t0 == pytest.approx(HOST_STEP_S)
+    assert st.attrs["gpu_s"] == 0.002 and st.attrs["host_s"] == pytest.approx(HOST_STEP_S)
+
+
+def test_unfinished_events_are_never_waited_for_and_fall_back_to_host(cuda: FakeCuda) -> None:
+    """``query()`` still False at the request end: host-timed, ``gpu: pending``; one poll, no read, no sync."""
+    trace = ApiTrace("r1", None, "m", 0.0)
+    run_request(trace, cuda, lambda req: None, gpu_ms=250.0)
+    (st,) = stages(trace, "mm.resize_normalize")
+    assert st.clock == "host"
+    assert st.t1 - st.t0 == pytest.approx(HOST_STEP_S)
+    assert st.attrs == {"images": 1, "gpu": "pending"}
+    assert cuda.queries == 1 and cuda.reads == 0
+
+
+def test_unreadable_events_fall_back_to_host(cuda: FakeCuda) -> None:
+    trace = ApiTrace("r1", None, "m", 0.0)
+    cuda.completed = True
+    cuda.elapsed_error = RuntimeError("events on different devices")
+    run_request(trace, cuda, lambda req: None, gpu_ms=250.0)
+    (st,) = stages(trace, "mm.resize_normalize")
+    assert st.clock == "host" and st.attrs == {"images": 1, "gpu": "unreadable"}
+
+
+def test_resize_outside_a_request_scope_is_read_at_exit(cuda: FakeCuda) -> None:
+    """No ``process_mm_data_async`` scope (only the TM's trace): polled once when the hook exits."""
+    trace = ApiTrace("r1", None, "m", 0.0)
+    fn = Wrapped("process_mm_data", cuda, gpu_ms=40.0)
+    fn.result = "out"
+    cuda.completed = True
+    in_trace(trace, lambda: hook(RESIZE)(fn, processor(), ("text", ["img"]), {}))
+    (st,) = stages(trace, "mm.resize_normalize")
+    assert st.clock == "cuda" and st.t1 - st.t0 == pytest.approx(0.040)
+
+
+@pytest.mark.parametrize("why", ["gpu_timing_off", "capturing", "not_initialized", "not_available"])
+def test_no_events_means_a_host_timed_stage(
+    why: str, cuda: FakeCuda, log: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if why == "gpu_timing_off":
+        gpu_timing_off(monkeypatch)
+    cuda.capturing = why == "capturing"
+    cuda.initialized = why != "not_initialized"
+    cuda.available = why != "not_available"
+    cuda.completed = True
+    trace = ApiTrace("r1", None, "m", 0.0)
+    out = object()
+    fn = Wrapped("process_mm_data", cuda, gpu_ms=250.0, result=out)
+    assert in_trace(trace, lambda: hook(RESIZE)(fn, processor(), ("text", ["img"]), {})) is out
+    assert len(fn.calls) == 1
+    assert cuda.events == [] and log == ["process_mm_data"]
+    (st,) = stages(trace, "mm.resize_normalize")
+    assert st.clock == "host" and st.attrs == {"images": 1}
+    assert st.t1 - st.t0 == pytest.approx(HOST_STEP_S)
+
+
+def test_no_trace_means_no_events_and_no_stage(cuda: FakeCuda, log: list[str]) -> None:
+    out = object()
+    fn = Wrapped("process_mm_data", cuda, result=out)
+    assert in_trace(None, lambda: hook(RESIZE)(fn, processor(), ("text", ["img"]), {})) is out
+    assert cuda.events == [] and log == ["process_mm_data"]
+
+
+def run_combine(trace: ApiTrace, cuda: FakeCuda, calls: list[tuple[Any, Wrapped]]) -> Any:
+    """``process_and_combine_mm_data`` wrapping ``_wrap_tensor_for_cuda_ipc`` for each ``(tensor, fn)``."""
+    result = ([], [1, 2], {})
+
+    def combine(base_output: Any) -> Any:
+        for tensor, fn in calls:
+            assert hook(IPC)(fn, processor(), (tensor,), {}) is fn.result
+        return result
+
+    assert in_trace(trace, lambda: hook(COMBINE)(combine, processor(), (SimpleNamespace(images=[]),), {})) is result
+
+
+def test_cuda_ipc_leaves_cpu_tensors_untouched(cuda: FakeCuda, log: list[str]) -> None:
+    trace = ApiTrace("r1", None, "m", 0.0)
+    tensor = torch.arange(6, dtype=torch.float32)
+    fn = Wrapped("_wrap_tensor_for_cuda_ipc", cuda, result=tensor)  # 0.5.17 returns CPU tensors as is
+    run_combine(trace, cuda, [(tensor, fn)])
+    assert fn.calls[0][0][0] is tensor
+    assert torch.equal(tensor, torch.arange(6, dtype=torch.float32))
+    assert cuda.events == [] and log == ["_wrap_tensor_for_cuda_ipc"]
+    assert stages(trace, "transport.prepare") == []
+    assert trace.transport_bytes == 0 and trace.transport_mode is None
+
+
+@pytest.mark.parametrize(
+    ("fallback", "mode"), [(False, "cuda_ipc"), (True, "cuda_ipc+cpu_fallback")], ids=["pool", "pool_full"]
+)
+def test_cuda_ipc_outcome_bytes_and_gpu_span(fallback: bool, mode: str, cuda: FakeCuda, log: list[str]) -> None:
+    """Two GPU features: one stage from the first tensor's first event to the last tensor's second event.
+
+    A full pool makes SGLang return ``tensor.cpu()`` (a ``Tensor``): that is the ``cpu_fallback`` outcome.
+    """
+    trace = ApiTrace("r1", None, "m", 0.0)
+    cuda.completed = True  # no request scope: read when the combine returns
+    a, b = CudaTensor(4096), CudaTensor(1000)
+    fa = Wrapped("ipc a", cuda, gpu_ms=100.0, result=IpcProxy())
+    fb = Wrapped("ipc b", cuda, gpu_ms=100.0, result=torch.zeros(2) if fallback else IpcProxy())
+    run_combine(trace, cuda, [(a, fa), (b, fb)])
+    assert log == ["record ev0", "ipc a", "record ev1", "record ev2", "ipc b", "record ev3"]
+    assert fa.calls[0][0][0] is a and fb.calls[0][0][0] is b
+    (st,) = stages(trace, "transport.prepare")
+    assert st.attrs["mode"] == mode and st.attrs["bytes"] == 5096 and st.attrs["tensors"] == 2
+    assert st.clock == "cuda"
+    assert st.attrs["gpu_s"] == 0.2  # ev0 -> ev3 on the GPU clock
+    assert st.t1 - st.t0 == pytest.approx(0.200)  # three host ticks (30 ms) are shorter
+    assert trace.transport_bytes == 5096 and trace.transport_mode == "cuda_ipc"
+
+
+def test_cuda_ipc_without_gpu_timing_still_files_outcome_and_bytes(
+    cuda: FakeCuda, log: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu_timing_off(monkeypatch)
+    trace = ApiTrace("r1", None, "m", 0.0)
+    fn = Wrapped("ipc", cuda, gpu_ms=100.0, result=torch.zeros(1))
+    run_combine(trace, cuda, [(CudaTensor(64), fn)])
+    assert cuda.events == [] and log == ["ipc"]
+    (st,) = stages(trace, "transport.prepare")
+    assert st.clock == "host" and st.t1 - st.t0 == pytest.approx(HOST_STEP_S)
+    assert st.attrs == {"mode": "cuda_ipc+cpu_fallback", "bytes": 64, "tensors": 1}
+
+
+def test_cuda_ipc_exception_passes_through_and_files_nothing(cuda: FakeCuda) -> None:
+    trace = ApiTrace("r1", None, "m", 0.0)
+    err = MemoryError("pool")
+    fn = Wrapped("ipc", cuda, exc=err)
+
+    def combine(base_output: Any) -> Any:
+        with pytest.raises(MemoryError) as info:
+            hook(IPC)(fn, processor(), (CudaTensor(64),), {})
+        assert info.value is err
+        return ([], [], {})
+
+    in_trace(trace, lambda: hook(COMBINE)(combine, processor(), (None,), {}))
+    assert len(fn.calls) == 1
+    assert stages(trace, "transport.prepare") == [] and trace.transport_bytes == 0
+
+
+# -- scheduler process: model.* stages of a prefill batch ----------------------------------------
+
+
+def test_clock_records_on_the_current_stream_and_maps_to_host_time(cuda: FakeCuda) -> None:
+    cuda.gpu_ms = 1000.0
+    clock = ss.Clock()
+    assert clock.cuda and clock.name == "cuda"
+    cuda.gpu_work(7.5)
+    mark = clock.mark()
+    assert isinstance(mark, FakeEvent) and mark.enable_timing and mark.stream is None  # current stream
+    assert cuda.queries == 0 and cuda.reads == 0  # marking reads nothing
+    cuda.completed = True
+    assert clock.host(mark) == pytest.approx(clock.t_ref + 0.0075)
+    assert clock.host(123.0) == 123.0  # host marks pass as they are
+
+
+def test_clock_under_graph_capture_marks_host_time(cuda: FakeCuda) -> None:
+    clock = ss.Clock()
+    cuda.capturing = True
+    n = len(cuda.events)
+    mark = clock.mark()
+    assert isinstance(mark, float) and len(cuda.events) == n
+
+
+@pytest.mark.parametrize("why", ["gpu_timing_off", "not_initialized", "not_available"])
+def test_clock_without_cuda_is_host(why: str, cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+    if why == "gpu_timing_off":
+        gpu_timing_off(monkeypatch)
+    cuda.initialized = why != "not_initialized"
+    cuda.available = why != "not_available"
+    clock = ss.Clock()
+    assert not clock.cuda and clock.name == "host"
+    assert isinstance(clock.mark(), float) and cuda.events == []
+
+
+class Outbox:
+    """``runtime.outbox``: what the scheduler ships to the collector."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, str, float, float, str, dict[str, Any]]] = []
+
+    def add(self, rids: Any, stage: str, t0: float, t1: float, clock: str = "host", attrs: Any = None) -> None:
+        self.sent.append((rids, stage, t0, t1, clock, attrs or {}))
+
+    def one(self, stage: str) -> tuple[Any, str, float, float, str, dict[str, Any]]:
+        (ev,) = [e for e in self.sent if e[1] == stage]
+        return ev
+
+
+class Req:
+    def __init__(self, rid: str, traced: bool = True) -> None:
+        self.rid = rid
+        self.output_ids: list[int] = []
+        if traced:
+            self._mmtrace = ss.ReqTrace(1.0, 2.0)
+
+    def finished(self) -> bool:
+        return False
+
+
+def extend_mode() -> SimpleNamespace:
+    return SimpleNamespace(is_extend=lambda: True, is_decode=lambda: False, is_target_verify=lambda: False)
+
+
+def run_prefill_batch(cuda: FakeCuda, log: list[str]) -> tuple[Any, Any, list[Req]]:
+    """One 0.5.17 prefill of a 3-request batch (A and B traced with one image each, C untraced).
+
+    GPU work: 0.2 ms before the embedding, vision encoder 4 ms, rest of the embedding 1 ms, LM 3 ms,
+    sampling 0.5 ms. Events are completed (SGLang's ``copy_done`` sync) before the result is processed.
+    """
+    reqs = [Req("A"), Req("B"), Req("C", traced=False)]
+    batch = SimpleNamespace(reqs=reqs, forward_mode=extend_mode())
+    items = [SimpleNamespace(hash=11, offsets=[(2, 9)]), SimpleNamespace(hash=22, offsets=[(2, 9)])]
+    forward_batch = SimpleNamespace(
+        forward_mode=extend_mode(),
+        rids=["A", "B", "C"],
+        mm_inputs=[SimpleNamespace(mm_items=[items[0]]), SimpleNamespace(mm_items=[items[1]]), None],
+        extend_prefix_lens_cpu=[0, 0, 0],
+        extend_seq_lens_cpu=[20, 20, 5],
+    )
+    vit = Wrapped("get_image_feature", cuda, gpu_ms=4.0, result="features")
+    sample = Wrapped("sample", cuda, gpu_ms=0.5, result="next_ids")
+
+    def embed_mm_inputs(*args: Any) -> str:
+        mm_embedding.HOOKS["mm_embedding.vision_encoder"].make("sync")(vit, None, (items,), {})
+        cuda.gpu_work(1.0)
+        return "embeds"
+
+    def routine(input_ids: Any, fb: Any) -> str:
+        cuda.gpu_work(0.2)
+        mm_embedding_legacy.HOOKS["mm_embedding.embed_legacy"].make("sync")(embed_mm_inputs, None, (), {})
+        cuda.gpu_work(3.0)
+        return "logits"
+
+    def forward(fb: Any) -> str:
+        log.append("forward")
+        return mm_embedding_legacy.HOOKS["mm_embedding.routine_legacy"].make("sync")(routine, None, ([0], fb), {})
+
+    def run_batch(b: Any) -> str:
+        model_runner.HOOKS["model_runner.forward"].make("sync")(forward, None, (forward_batch,), {})
+        model_runner.HOOKS["model_runner.sample"].make("sync")(sample, None, ("logits", forward_batch), {})
+        return "batch_result"
+
+    out = scheduler.HOOKS["scheduler.run_batch"].make("sync")(run_batch, None, (batch,), {})
+    assert out == "batch_result" and len(vit.calls) == 1 and len(sample.calls) == 1
+    return out, batch, reqs
+
+
+@pytest.fixture
+def outbox(monkeypatch: pytest.MonkeyPatch) -> Outbox:
+    box = Outbox()
+    monkeypatch.setattr(runtime, "outbox", box)
+    monkeypatch.setattr(ss, "current", None)
+    monkeypatch.setattr(ss, "last_stream_end", 0.0)
+    return box
+
+
+def process_result(batch: Any, reqs: list[Req]) -> None:
+    for r in reqs:
+        r.output_ids = [7]
+    result = object()
+    calls: list[Any] = []
+
+    def process_batch_result_prefill(b: Any, res: Any) -> Any:
+        calls.append(b)
+        return res
+
+    hook_fn = batch_result.HOOKS["batch_result.prefill"].make("sync")
+    assert hook_fn(process_batch_result_prefill, None, (batch, result), {}) is result
+    assert calls == [batch]
+
+
+def test_batch_gpu_stages_are_cuda_timed_and_reported_on_each_request(
+    cuda: FakeCuda, log: list[str], outbox: Outbox
+) -> None:
+    _, batch, reqs = run_prefill_batch(cuda, log)
+    # recorded during the forward, never read there: no poll, no elapsed_time, no sync
+    assert cuda.queries == 0 and cuda.reads == 0
+    assert not any(e[1].startswith("model.") and e[1] != "model.forward" for e in outbox.sent)
+    model_forward = outbox.one("model.forward")
+    assert model_forward[0] == ("A", "B") and model_forward[4] == "host" and model_forward[5] == {"batch_size": 3}
+
+    cuda.completed = True
+    process_result(batch, reqs)
+    assert cuda.queries == 0  # read after SGLang's copy_done sync: elapsed_time only
+
+    durations = {"model.vision_encoder": 0.004, "model.embed": 0.001, "model.prefill": 0.003, "model.sample": 0.0005}
+    for stage, dur in durations.items():
+        evs = [e for e in outbox.sent if e[1] == stage]
+        assert evs, stage
+        for _, _, t0, t1, clock, attrs in evs:
+            assert clock == "cuda", stage
+            assert t1 - t0 == pytest.approx(dur, abs=1e-9), stage
+            assert attrs["batch_size"] == 3, stage
+    vit = outbox.one("model.vision_encoder")
+    assert vit[0] == ("A", "B")
+    assert vit[5] == {"batch_size": 3, "images": 2, "embedding_cache": "miss", "skipped": False}
+    embeds = sorted(e for e in outbox.sent if e[1] == "model.embed")
+    assert [e[0] for e in embeds] == ["A", "B"] and all(e[5]["embedding_cache"] == "miss" for e in embeds)
+    prefill, sample = outbox.one("model.prefill"), outbox.one("model.sample")
+    assert prefill[0] == ("A", "B") and sample[0] == ("A", "B")
+    # nested stages line up on the GPU timeline: embed starts where the encoder ended, prefill where embed did
+    assert embeds[0][2] == pytest.approx(vit[3]) and prefill[2] == pytest.approx(embeds[0][3])
+    assert sample[2] == pytest.approx(prefill[3])
+    assert outbox.one("scheduler.output")[0] == ("A", "B")
+
+    # the collector files a batch stage on every request of the batch, with the same interval
+    col = Collector(config.Config(), [], "0.5.17")
+    col._on_message(("ev", "scheduler", 1, outbox.sent))
+    for rid in ("A", "B"):
+        (ev,) = [e for e in col._remote[rid] if e.name == "model.prefill"]
+        assert (ev.t0, ev.t1, ev.clock, ev.attrs) == (prefill[2], prefill[3], "cuda", {"batch_size": 3})
+    assert "C" not in col._remote
+    assert ss.current is None and all(r._mmtrace.fwd is None for r in reqs[:2])
+
+
+def test_batch_stages_without_gpu_timing_are_host_timed(
+    cuda: FakeCuda, log: list[str], outbox: Outbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu_timing_off(monkeypatch)
+    _, batch, reqs = run_prefill_batch(cuda, log)
+    process_result(batch, reqs)
+    assert cuda.events == []
+    for stage in ("model.vision_encoder", "model.prefill", "model.sample"):
+        rids, _, t0, t1, clock, attrs = outbox.one(stage)
+        assert rids == ("A", "B") and clock == "host" and attrs["batch_size"] == 3 and t1 >= t0
