@@ -690,7 +690,7 @@ def build_scheduler(traced: bool) -> tuple[Callable[[bool], Callable[[], Any]], 
             from sglang_mmtrace.scheduler_state import ReqTrace
 
             for req in reqs:
-                req._mmtrace = ReqTrace(0.0, 0.0)
+                req._mmtrace = ReqTrace(0.0, 0.0, req.rid)
                 req._mmtrace.admitted = req._mmtrace.first_token = True
         fb = NS(rids=[r.rid for r in reqs], mm_inputs=[], extend_prefix_lens_cpu=[], extend_seq_lens_cpu=[])
         batch = ScheduleBatch(reqs, DECODE, fb)

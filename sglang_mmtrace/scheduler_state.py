@@ -1,8 +1,10 @@
 """Scheduler-process state: per-request timestamps on ``Req`` and the current prefill forward.
 
 Per-request state lives on the ``Req`` object (``req._mmtrace``), so it dies with the request.
-The forward context lives on the ``ScheduleBatch`` until its result is processed, where GPU events
-are read: ``copy_done`` has been synchronized there, so reading them adds no host sync.
+The forward context is shared by the traces of its requests until its result is processed, where GPU
+events are read: ``copy_done`` has been synchronized there, so reading them adds no host sync. It
+holds those traces, never the ``Req`` objects: a ``Req -> trace -> forward -> Req`` cycle would keep a
+request aborted mid-prefill (and its image tensors) alive until Python's cyclic GC ran.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ now = time.perf_counter
 
 
 class ReqTrace:
-    __slots__ = ("t_recv", "t_enqueue", "t_match0", "t_match1", "admitted", "first_token", "fwd", "vit_skipped")
+    __slots__ = ("rid", "t_recv", "t_enqueue", "t_match0", "t_match1", "admitted", "first_token", "fwd", "vit_skipped")
 
-    def __init__(self, t_recv: float, t_enqueue: float) -> None:
+    def __init__(self, t_recv: float, t_enqueue: float, rid: str) -> None:
+        self.rid = rid
         self.t_recv = t_recv
         self.t_enqueue = t_enqueue
         self.t_match0: float | None = None
@@ -74,7 +77,7 @@ class FwdCtx:
 
     __slots__ = (
         "rids",
-        "reqs",
+        "traces",
         "t0",
         "t1",
         "clock",
@@ -88,10 +91,10 @@ class FwdCtx:
         "batch_size",
     )
 
-    def __init__(self, reqs: list[Any], t0: float, batch_size: int) -> None:
-        self.reqs = reqs
+    def __init__(self, traces: list[ReqTrace], t0: float, batch_size: int) -> None:
+        self.traces = traces  # the requests' traces, not the Req objects (see the module docstring)
         self.batch_size = batch_size
-        self.rids = tuple(r.rid for r in reqs)
+        self.rids = tuple(tr.rid for tr in traces)
         self.t0 = t0
         self.t1 = t0
         self.clock = Clock()

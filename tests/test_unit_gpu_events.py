@@ -527,7 +527,7 @@ class Req:
         self.rid = rid
         self.output_ids: list[int] = []
         if traced:
-            self._mmtrace = ss.ReqTrace(1.0, 2.0)
+            self._mmtrace = ss.ReqTrace(1.0, 2.0, rid)
 
     def finished(self) -> bool:
         return False

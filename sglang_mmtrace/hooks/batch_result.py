@@ -58,11 +58,10 @@ def _emit_skipped_encoder(ctx: ss.FwdCtx, base: dict[str, Any]) -> None:
     """A zero-length ``model.vision_encoder`` with ``skipped`` for requests whose images were all in
     the radix prefix: the contract's marker that the encoder did not need to run (no time is claimed)."""
     at = ctx.clock.host(ctx.fwd[0]) if ctx.fwd is not None else ctx.t0
-    for req in ctx.reqs:
-        tr = getattr(req, "_mmtrace", None)
-        if tr is not None and tr.vit_skipped:
+    for tr in ctx.traces:
+        if tr.vit_skipped:
             attrs = {**base, "images": tr.vit_skipped, "embedding_cache": "off", "skipped": True}
-            ss.emit(req.rid, "model.vision_encoder", at, at, ctx.clock.name, attrs)
+            ss.emit(tr.rid, "model.vision_encoder", at, at, ctx.clock.name, attrs)
             tr.vit_skipped = 0  # once per request, also when a chunked prefill spans several forwards
 
 
@@ -83,6 +82,7 @@ def _result_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         if ss.current is ctx:
             ss.current = None  # do not keep the batch's requests alive while the scheduler idles
         _emit_model_stages(ctx, ctx.batch_size)
+        ctx.traces = []  # read once; no trace -> forward -> trace cycle is left for the GC
         ready = max(ctx.t1, ctx.t_sample_end or ctx.t1)
         if t0 > ready:
             # Overlap scheduling: the result waits while the scheduler launches the next batch.

@@ -19,7 +19,7 @@ def _enqueue_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     if arg(args, kwargs, 1, "is_retracted") or getattr(req, "_mmtrace", None) is not None or exc is not None:
         return
     t_recv = ss.last_recv_start if 0 < ss.last_recv_start <= t0 else t0
-    req._mmtrace = ss.ReqTrace(t_recv, t1)
+    req._mmtrace = ss.ReqTrace(t_recv, t1, req.rid)
     ss.emit(req.rid, "scheduler.recv", t_recv, t1)
 
 
@@ -29,12 +29,12 @@ def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     mode = getattr(batch, "forward_mode", None)
     if mode is None or not mode.is_extend():
         return None
-    reqs = [r for r in batch.reqs if (tr := getattr(r, "_mmtrace", None)) is not None and not tr.first_token]
-    if not reqs:
+    traces = [tr for r in batch.reqs if (tr := getattr(r, "_mmtrace", None)) is not None and not tr.first_token]
+    if not traces:
         return None
-    ctx = ss.FwdCtx(reqs, ss.now(), len(batch.reqs))
-    for req in reqs:
-        req._mmtrace.fwd = ctx  # the overlap scheduler processes a copy of the batch: keep it on the reqs
+    ctx = ss.FwdCtx(traces, ss.now(), len(batch.reqs))
+    for tr in traces:
+        tr.fwd = ctx  # the overlap scheduler processes a copy of the batch: keep it on the requests' traces
     ss.current = ctx
     return batch, ctx
 
@@ -44,10 +44,9 @@ def _run_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         return
     batch, ctx = st
     ctx.t0, ctx.t1 = t0, t1
-    for req in ctx.reqs:
-        tr = req._mmtrace
+    for tr in ctx.traces:
         if tr.t_match1 is not None:
-            ss.emit(req.rid, "scheduler.batch", tr.t_match1, t0, attrs={"batch_size": len(batch.reqs)})
+            ss.emit(tr.rid, "scheduler.batch", tr.t_match1, t0, attrs={"batch_size": len(batch.reqs)})
             tr.t_match1 = None  # emitted once: later chunks go straight from result to forward
     ss.emit(ctx.rids, "model.forward", t0, t1, attrs={"batch_size": len(batch.reqs)})
 
