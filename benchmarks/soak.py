@@ -355,17 +355,24 @@ def markdown(result: dict[str, Any]) -> str:
         cut = sum(v.get("cut", 0) + v.get("closed", 0) for v in t.values())
         g = result[arm]["concurrency"]
         lines.append(f"| {arm} | {sent} | {served} | {failed} | {cut} | {g['max']} | {g['median']} |")
-    rc = on["records"]
+    if result.get("aa"):
+        lines += ["", "**A/A run:** both arms are plugin-off servers (the \"on\" arm too): the noise floor of the ratios.", ""]
+    else:
+        rc = on["records"]
+        lines += [
+            "",
+            f"Plugin server: {rc['records']} records; records per finished request "
+            f"{rc['records_per_finished_request']}; finished requests whose record is not ok: "
+            f"{rc['finished_requests_not_ok']}; rids with several records: {rc['rids_with_several_records']}; "
+            f"cut requests' record status {rc['cut_request_record_status']}; "
+            f"root spans per record {rc.get('root_spans_per_record')}.",
+            "",
+            f"`/mmtrace/state` at the end: live {on['state']['live_requests']}, finishing {on['state']['finishing']}, "
+            f"remote pending {on['state']['remote_pending']}, errors {on['state']['errors']}, "
+            f"dropped {on['state']['dropped']}.",
+            "",
+        ]
     lines += [
-        "",
-        f"Plugin server: {rc['records']} records; records per finished request {rc['records_per_finished_request']}; "
-        f"finished requests whose record is not ok: {rc['finished_requests_not_ok']}; rids with several records: "
-        f"{rc['rids_with_several_records']}; cut requests' record status {rc['cut_request_record_status']}; "
-        f"root spans per record {rc.get('root_spans_per_record')}.",
-        "",
-        f"`/mmtrace/state` at the end: live {on['state']['live_requests']}, finishing {on['state']['finishing']}, "
-        f"remote pending {on['state']['remote_pending']}, errors {on['state']['errors']}, dropped {on['state']['dropped']}.",
-        "",
         f"Memory: RSS of each SGLang process, plugin on vs off, matched at equal finished-request counts "
         f"(off ran the first {sum(v['sent'] for v in result['off']['by_kind'].values())} requests of the same plan; "
         f"on ran {sum(v['sent'] for v in result['on']['by_kind'].values())}).",
@@ -379,7 +386,24 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {role} | {m['on_median_mib']} | {m['off_median_mib']} | {m['median_ratio']} | {m['peak_ratio']} "
             f"| {m['last_matched_ratio']} | {m['on_final_mib']} | {m['matched_samples']} |"
         )
+    lines += ["", "Scheduler RSS (MiB) over the run, on / off at the same finished-request count:", ""]
+    lines += course_table(result["rss_samples"], result["off_requests"], "scheduler")
     return "\n".join(lines) + "\n"
+
+
+def course_table(samples: list[dict[str, Any]], off_total: int, role: str, points: int = 10) -> list[str]:
+    """One row per tenth of the run: the two arms' RSS of ``role`` at the nearest finished-request counts."""
+    on_s = [s for s in samples if s.get("on") and role in s["on"]]
+    off_s = [s for s in samples if s.get("off") and role in s["off"]]
+    if not on_s or not off_s:
+        return []
+    rows = ["| requests finished | on | off | on - off | ratio |", "|---|---|---|---|---|"]
+    for k in range(1, points + 1):
+        n = round(off_total * k / points)
+        a = min(on_s, key=lambda x: abs(x["on_done"] - n))["on"][role] / 1024
+        b = min(off_s, key=lambda x: abs(x["off_done"] - n))["off"][role] / 1024
+        rows.append(f"| {n} | {a:.0f} | {b:.0f} | {a - b:+.0f} | {a / b:.3f} |")
+    return rows
 
 
 def rerender(path: Path) -> None:
@@ -408,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results" / "reliability"))
     ap.add_argument("--health-timeout", type=float, default=900.0)
     ap.add_argument("--max-minutes", type=float, default=None, help="start no request after this long")
+    ap.add_argument(
+        "--aa",
+        action="store_true",
+        help="A/A: both arms with the plugin off, to measure the noise floor of the memory ratio",
+    )
     ap.add_argument("--rerender", metavar="SOAK_JSON", help="only recompute the tables of an earlier run")
     args = ap.parse_args(argv)
     if args.rerender:
@@ -424,7 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     receiver.start_http()
     common = {"server_args": ("--mm-preprocess-cache-size-mb", "64"), "health_timeout": args.health_timeout}
     servers = {
-        "on": CpuServer(
+        "on": CpuServer(plugin_enabled=False, log_path=tmp / "server-on.log", **common)
+        if args.aa
+        else CpuServer(
             jsonl_path=tmp / "records.jsonl",
             log_path=tmp / "server-on.log",
             env={"SGLANG_MMTRACE_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.http_port}"},
@@ -439,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": meta,
         "on_requests": len(items),
         "off_requests": off_n,
+        "aa": args.aa,
     }  # planned; the by_kind tables say how many were sent
     try:
         for srv in servers.values():
@@ -458,9 +490,19 @@ def main(argv: list[str] | None = None) -> int:
                 t.start()
             for t in runners:
                 t.join()
-            st = settle(servers["on"])
+            st = None if args.aa else settle(servers["on"])
             time.sleep(10)  # a last RSS sample at rest
         result["wall_s"] = time.monotonic() - t0
+        for arm, (outs, gauge) in outcomes.items():
+            result[arm] = {
+                "by_kind": tally(outs),
+                "concurrency": {"max": gauge.max, "median": statistics.median(gauge.samples or [0])},
+            }
+        result["rss_samples"] = rss.samples
+        result["memory"] = memory_table(rss.samples, off_n)
+        if st is None:  # A/A: no plugin, no records to check
+            _write(args.out_dir, result)
+            return 0
         recs = [json.loads(line) for line in (tmp / "records.jsonl").read_text().splitlines() if line.strip()]
         deadline = time.monotonic() + 120
         while len({s.trace_id for s in receiver.snapshot() if s.name == "request"}) < len(recs):
@@ -468,26 +510,23 @@ def main(argv: list[str] | None = None) -> int:
                 break
             time.sleep(1)
         roots = Counter(s.attrs.get("sglang.rid") for s in receiver.snapshot() if s.name == "request")
-        for arm, (outs, gauge) in outcomes.items():
-            result[arm] = {
-                "by_kind": tally(outs),
-                "concurrency": {"max": gauge.max, "median": statistics.median(gauge.samples or [0])},
-            }
         result["on"]["records"] = record_check(outcomes["on"][0], recs, roots)
         result["on"]["state"] = st["api"]
         result["on"]["peer_errors"] = {k: p.get("errors") for k, p in st["peers"].items()}
-        result["rss_samples"] = rss.samples
-        result["memory"] = memory_table(rss.samples, off_n)
     finally:
         for srv in servers.values():
             srv.stop()
         receiver.stop()
-    out = Path(args.out_dir)
+    _write(args.out_dir, result)
+    return 0
+
+
+def _write(out_dir: str, result: dict[str, Any]) -> None:
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "soak.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "soak.md").write_text(markdown(result))
     print(markdown(result))
-    return 0
 
 
 if __name__ == "__main__":
