@@ -120,7 +120,7 @@ class Collector:
             for rid in rids if isinstance(rids, tuple) else (rids,):
                 if rid in self._done:
                     continue
-                self._remote.setdefault(rid, []).append(StageEvent(name, process, t0, t1, clock, attrs))
+                self._remote.setdefault(rid, []).append(StageEvent(name, process, t0, t1, clock, attrs, pid))
                 self._remote_seen.setdefault(rid, t)
 
     def _drain_finished(self) -> None:
@@ -167,15 +167,20 @@ class Collector:
             return
         self._records += 1
         parent = trace.sglang_traceparent or (trace.http.traceparent if trace.http is not None else None)
-        ctx = EmitContext(parent, self._pids())
+        ctx = EmitContext(parent, self._pids(remote))
         for sink in self.sinks:
             try:
                 sink.emit(record, ctx)
             except Exception as exc:
                 telemetry.contained(f"sink.{type(sink).__name__}", exc)
 
-    def _pids(self) -> dict[str, int]:
+    def _pids(self, remote: list[StageEvent]) -> dict[str, int]:
+        """Process kind -> pid for this request: the process that sent its events (with ``--dp-size``
+        > 1 each request has its own scheduler), else the first peer of that kind."""
         pids = {"api": os.getpid()}
+        for e in remote:
+            if e.pid is not None:
+                pids.setdefault(e.process, e.pid)
         for key in self._peers:
             process, _, pid = key.partition(":")
             pids.setdefault(process, int(pid))

@@ -22,6 +22,7 @@ class StageEvent:
     t1: float
     clock: str = "host"
     attrs: dict[str, Any] = field(default_factory=dict)
+    pid: int | None = None  # the sending process (several schedulers with --dp-size > 1); not in the record
 
 
 @dataclass(slots=True)
