@@ -247,8 +247,9 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
             events.append(e)
         events.append(StageEvent("http.parse", API, arrival, http.t_handle or trace.t_created))
     events.extend(trace.events)
+    joined = _join_stages(trace.events, remote, trace.t_first_output)  # first: it clamps remote events in place
     events.extend(_with_transport(remote, trace))
-    events.extend(_join_stages(trace.events, remote, trace.t_first_output))
+    events.extend(joined)
     status, error = _status(trace)
     t_first = http.t_first_body if http is not None else trace.t_first_output
     ttft = None
