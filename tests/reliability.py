@@ -25,10 +25,18 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "reliability"
 
 
-def chat_body(rid: str, content: Any, max_tokens: int = 4, stream: bool = True, **extra: Any) -> dict[str, Any]:
+def chat_body(
+    rid: str,
+    content: Any = None,
+    max_tokens: int = 4,
+    stream: bool = True,
+    messages: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A chat request with its own ``rid``: one user message of ``content``, or ``messages`` as given."""
     return {
         "model": "default",
-        "messages": [{"role": "user", "content": content}],
+        "messages": messages if messages is not None else [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": stream,
@@ -87,6 +95,7 @@ def settled_state(server: CpuServer, limit_s: float = 15.0) -> dict[str, Any]:
         busy = busy or any(p.get("queued_events") for p in st["peers"].values())
         if not busy or time.monotonic() > deadline:
             return st
+        time.sleep(0.25)
 
 
 def at_rest_problems(st: dict[str, Any]) -> list[str]:

@@ -9,18 +9,16 @@ live, nothing waiting, no errors, no queued events) and the server must still se
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import random
 import socket
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from conftest import records, server_context, state
+from conftest import records, server_context
 from record_checks import (
     Exchange,
     Img,
@@ -32,6 +30,7 @@ from record_checks import (
     stage_set_problems,
     usage_problems,
 )
+from reliability import chat_body, post, settled_state, sse_usage
 
 from sglang_mmtrace.config import Config
 from sglang_mmtrace.harness import data_url, image_message, make_image, stream_chat
@@ -75,19 +74,6 @@ class Sent:
     usage: dict[str, Any] | None = None
 
 
-def _body(rid: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "default",
-        "messages": messages,
-        "max_tokens": 4,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "rid": rid,
-        **extra,
-    }
-
-
 def _plan(n: int) -> list[Sent]:
     assert sum(KINDS.values()) == n
     kinds = [k for k, count in KINDS.items() for _ in range(count)]
@@ -99,40 +85,28 @@ def _plan(n: int) -> list[Sent]:
         secret = [f"{CANARY}{i}"]
         if kind == "image_new":
             url = data_url(make_image(64, 64, seed=9200 + i))
-            body = _body(rid, [image_message(question, [url])])
+            body = chat_body(rid, messages=[image_message(question, [url])])
             secret.append(url[40:80])
         elif kind == "image_repeat":
-            body = _body(rid, [image_message(question, [data_url(REPEATED[i % len(REPEATED)])])])
+            body = chat_body(rid, messages=[image_message(question, [data_url(REPEATED[i % len(REPEATED)])])])
         elif kind == "text":
-            body = _body(rid, [{"role": "user", "content": question}])
+            body = chat_body(rid, messages=[{"role": "user", "content": question}])
         elif kind.startswith("disconnect"):
             # long, EOS ignored: the stream is still running when the client goes away
             url = data_url(make_image(64, 64, seed=9600 + i))
             messages = [image_message(question, [url])] if i % 2 else [{"role": "user", "content": question}]
-            body = _body(rid, messages, max_tokens=512, ignore_eos=True)
+            body = chat_body(rid, messages=messages, max_tokens=512, ignore_eos=True)
         elif kind == "bad_base64":
             payload = f"!!{CANARY}-not-base64-{i}@@" + "A" * 40
-            body = _body(rid, [image_message(question, [f"data:image/png;base64,{payload}"])])
+            body = chat_body(rid, messages=[image_message(question, [f"data:image/png;base64,{payload}"])])
             secret.append(payload[:24])
         else:  # truncated_png
             png = make_image(96, 96, seed=9400 + i)
             b64 = base64.b64encode(png[: len(png) // 2]).decode()
-            body = _body(rid, [image_message(question, [f"data:image/png;base64,{b64}"])])
+            body = chat_body(rid, messages=[image_message(question, [f"data:image/png;base64,{b64}"])])
             secret += [b64[:32], b64[len(b64) // 2 : len(b64) // 2 + 32]]
         plan.append(Sent(kind, rid, body, secret))
     return plan
-
-
-def _post(port: int, body: dict[str, Any]) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    try:
-        conn.request(
-            "POST", "/v1/chat/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 def _disconnect(port: int, body: dict[str, Any], until: bytes) -> bytes:
@@ -153,38 +127,16 @@ def _disconnect(port: int, body: dict[str, Any], until: bytes) -> bytes:
     return buf
 
 
-def _usage(raw: bytes) -> dict[str, Any] | None:
-    usage = None
-    for line in raw.split(b"\n"):
-        if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
-            chunk = json.loads(line[5:])
-            usage = chunk.get("usage") or usage
-    return usage
-
-
 def _send(port: int, sent: Sent) -> Sent:
     if sent.kind == "disconnect_headers":
         sent.raw = _disconnect(port, sent.body, b"HTTP/1.1 ")  # the first bytes of the response
     elif sent.kind == "disconnect_data":
         sent.raw = _disconnect(port, sent.body, b"data:")  # the first bytes of the first chunk
     else:
-        sent.status, sent.raw = _post(port, sent.body)
+        sent.status, sent.raw = post(port, sent.body)
         if sent.status == 200:
-            sent.usage = _usage(sent.raw)
+            sent.usage = sse_usage(sent.raw)
     return sent
-
-
-def _settled_state(server, limit_s: float) -> dict[str, Any]:
-    """Poll /mmtrace/state until nothing is live, waiting or queued (or the limit passes); return the last."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        st = state(server)
-        api = st["api"]
-        busy = api["live_requests"] or api["finishing"] or api["remote_pending"]
-        busy = busy or any(p.get("queued_events") for p in st["peers"].values())
-        if not busy or time.monotonic() > deadline:
-            return st
-        time.sleep(0.25)
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +148,7 @@ def load(server) -> dict[str, Any]:
         list(pool.map(lambda s: _send(server.port, s), plan[SEQUENTIAL:]))
     recs = records(server, [s.rid for s in plan], timeout=60)
     # The collector waits up to grace_s for late stages of a finished request; allow that and a few seconds.
-    settled = _settled_state(server, limit_s=Config.from_env().grace_s + 8.0)
+    settled = settled_state(server, limit_s=Config.from_env().grace_s + 8.0)
     return {"plan": plan, "records": recs, "state": settled}
 
 
