@@ -17,7 +17,7 @@ from typing import Any
 
 from conftest import state
 
-from sglang_mmtrace.harness import CpuServer
+from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image
 
 PLUGIN_MARK = "sglang-mmtrace:"
 """Every line the plugin logs starts its message with this (SGLang's own lines never do)."""
@@ -57,6 +57,17 @@ def post(port: int, body: dict[str, Any], timeout: float = 300) -> tuple[int, by
         return resp.status, resp.read()
     finally:
         conn.close()
+
+
+def send_image_requests(port: int, prefix: str, n: int, seed: int, size: int, question: str) -> list[str]:
+    """n streamed requests with one new image each (seeds ``seed..seed+n-1``); all must answer 200 with
+    usage. Returns their rids."""
+    rids = [f"{prefix}-{k}-{time.time_ns()}" for k in range(n)]
+    for k, rid in enumerate(rids):
+        image = data_url(make_image(size, size, seed=seed + k))
+        status, raw = post(port, chat_body(rid, messages=[image_message(question, [image])]))
+        assert status == 200 and sse_usage(raw), raw[:500]
+    return rids
 
 
 def get(port: int, path: str, timeout: float = 60) -> tuple[int, bytes]:

@@ -13,14 +13,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from importlib import resources
 
 import pytest
 from conftest import records, server_context, start_server
-from reliability import chat_body, plugin_lines, post, settled_state, sse_usage
-
-from sglang_mmtrace.harness import data_url, make_image
+from reliability import plugin_lines, send_image_requests, settled_state
 
 pytestmark = pytest.mark.server
 
@@ -61,14 +58,7 @@ def drifted(tmp_path_factory, manifest):
 
 
 def test_server_serves_and_the_stage_is_absent(drifted):
-    rids = [f"drift-{k}-{time.time_ns()}" for k in range(3)]
-    for k, rid in enumerate(rids):
-        content = [
-            {"type": "image_url", "image_url": {"url": data_url(make_image(256, 256, seed=7500 + k))}},
-            {"type": "text", "text": "Drift test: what is shown?"},
-        ]
-        status, raw = post(drifted.port, chat_body(rid, content))
-        assert status == 200 and sse_usage(raw), raw[:500]
+    rids = send_image_requests(drifted.port, "drift", 3, seed=7500, size=256, question="Drift test: what is shown?")
     for rid, rec in records(drifted, rids, timeout=60).items():
         names = {s["name"] for s in rec["stages"]}
         assert rec["status"] == "ok", rec

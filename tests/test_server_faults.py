@@ -41,7 +41,7 @@ from reliability import (
     sse_usage,
 )
 
-from sglang_mmtrace.harness import CpuServer, data_url, make_image
+from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image
 
 pytestmark = pytest.mark.server
 
@@ -107,16 +107,11 @@ def _send(srv: CpuServer, tag: str, n: int) -> list[tuple[int, dict[str, Any] | 
     """n requests (alternating new image / text), 2 client threads; (status, usage) each."""
 
     def one(i: int) -> tuple[int, dict[str, Any] | None]:
-        content: Any = "Fault test: say something short."
+        message = {"role": "user", "content": "Fault test: say something short."}
         if i % 2 == 0:
-            content = [
-                {
-                    "type": "image_url",
-                    "image_url": {"url": data_url(make_image(128, 128, seed=hash((tag, i)) % 10**6))},
-                },
-                {"type": "text", "text": "Fault test: what is shown?"},
-            ]
-        status, raw = post(srv.port, chat_body(f"fault-{tag}-{i}-{time.time_ns()}", content))
+            image = data_url(make_image(128, 128, seed=hash((tag, i)) % 10**6))
+            message = image_message("Fault test: what is shown?", [image])
+        status, raw = post(srv.port, chat_body(f"fault-{tag}-{i}-{time.time_ns()}", messages=[message]))
         return status, sse_usage(raw) if status == 200 else None
 
     with ThreadPoolExecutor(2) as pool:

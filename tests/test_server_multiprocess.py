@@ -18,11 +18,10 @@ import time
 import pytest
 from conftest import read_records, records, start_server, state
 from peers.otlp_receiver import OtlpReceiver
-from reliability import chat_body, plugin_lines, post, sse_usage
+from reliability import chat_body, plugin_lines, post, send_image_requests, sse_usage
 
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.config import Config
-from sglang_mmtrace.harness import data_url, make_image
 
 pytestmark = pytest.mark.server
 
@@ -62,9 +61,8 @@ def dp2(tmp_path_factory):
     receiver = OtlpReceiver()
     receiver.start_http()
     # The CPU backend wants a core set per rank when ranks outnumber NUMA nodes (one here): one core each.
-    cores = os.cpu_count() or 2
-    half = max(1, cores // 2)
-    bind = f"0-{half - 1}|{half}-{max(half, cores - 1)}" if cores > 2 else "0|1"
+    cores = max(2, os.cpu_count() or 2)
+    bind = f"0-{cores // 2 - 1}|{cores // 2}-{cores - 1}"
     env = {
         "SGLANG_MMTRACE_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.http_port}",
         "SGLANG_CPU_OMP_THREADS_BIND": bind,
@@ -80,14 +78,7 @@ def dp2(tmp_path_factory):
 def test_two_data_parallel_schedulers_join_per_request(dp2):
     """Each record joins the stages of the scheduler that served it, and its spans carry that pid."""
     srv, receiver = dp2
-    rids = [f"dp2-{k}-{time.time_ns()}" for k in range(8)]
-    for k, rid in enumerate(rids):
-        content = [
-            {"type": "image_url", "image_url": {"url": data_url(make_image(64, 64, seed=7700 + k))}},
-            {"type": "text", "text": "Data parallel: what is shown?"},
-        ]
-        status, raw = post(srv.port, chat_body(rid, content))
-        assert status == 200 and sse_usage(raw), raw[:300]
+    rids = send_image_requests(srv.port, "dp2", 8, seed=7700, size=64, question="Data parallel: what is shown?")
     recs = records(srv, rids, timeout=60)
     schedulers = {int(key.partition(":")[2]) for key in state(srv)["peers"] if key.startswith("scheduler:")}
     assert len(schedulers) == 2, f"scheduler peers: {list(state(srv)['peers'])}"
