@@ -247,8 +247,8 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
             events.append(e)
         events.append(StageEvent("http.parse", API, arrival, http.t_handle or trace.t_created))
     events.extend(trace.events)
-    joined = _join_stages(trace.events, remote, trace.t_first_output)  # first: it clamps remote events in place
-    events.extend(_with_transport(remote, trace))
+    joined = _join_stages(trace, remote)  # completes the remote events it joins (clamps, attrs)
+    events.extend(remote)
     events.extend(joined)
     status, error = _status(trace)
     t_first = http.t_first_body if http is not None else trace.t_first_output
@@ -294,35 +294,29 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     }
 
 
-def _with_transport(remote: list[StageEvent], trace: ApiTrace) -> list[StageEvent]:
-    """``scheduler.recv`` carries the hand-off's ``mode`` and ``bytes``: what the API process prepared
-    is what the scheduler received and materialized (known on the API side, joined here)."""
-    if not trace.transport_bytes or not trace.transport_mode:
-        return remote
-    add = {"mode": trace.transport_mode, "bytes": int(trace.transport_bytes)}
-    return [
-        StageEvent(e.name, e.process, e.t0, e.t1, e.clock, {**e.attrs, **add}) if e.name == "scheduler.recv" else e
-        for e in remote
-    ]
-
-
 def _first(events: list[StageEvent], name: str) -> StageEvent | None:
     return next((e for e in events if e.name == name), None)
 
 
-def _join_stages(api: list[StageEvent], remote: list[StageEvent], t_first_output: float | None) -> list[StageEvent]:
+def _join_stages(trace: ApiTrace, remote: list[StageEvent]) -> list[StageEvent]:
     """Stages that only the join can see: the hops between processes, one end measured on each side.
 
-    Also clamps the scheduler's receive to start no earlier than the request was sent: the
-    ``recv_requests`` call that returned it may have started polling before.
+    Also completes the scheduler's receive: it carries the hand-off's ``mode`` and ``bytes`` (what the
+    API process prepared is what the scheduler received; known on the API side), and it starts no
+    earlier than the request was sent (the ``recv_requests`` call that returned it may have started
+    polling before). Remote events get new ``attrs`` dicts, never edited ones: a batch event's attrs
+    are shared by all its requests.
     """
+    api, t_first_output = trace.events, trace.t_first_output
     out = []
     dispatch, recv = _first(api, "dispatch"), _first(remote, "scheduler.recv")
+    if recv is not None and trace.transport_bytes and trace.transport_mode:
+        recv.attrs = {**recv.attrs, "mode": trace.transport_mode, "bytes": int(trace.transport_bytes)}
     if dispatch is not None and recv is not None:
         prepared = _first(api, "transport.prepare")
         sent_after = max(dispatch.t0, prepared.t1 if prepared is not None else dispatch.t0)
         if recv.t0 < sent_after <= recv.t1:
-            recv.attrs["poll_started_s"] = round(sent_after - recv.t0, 9)
+            recv.attrs = {**recv.attrs, "poll_started_s": round(sent_after - recv.t0, 9)}
             recv.t0 = sent_after
         if recv.t0 > dispatch.t1:
             out.append(StageEvent("scheduler.inbox_wait", "scheduler", dispatch.t1, recv.t0))
@@ -331,7 +325,7 @@ def _join_stages(api: list[StageEvent], remote: list[StageEvent], t_first_output
     if output is not None and received is not None and output.t0 <= received < output.t1:
         # The hand-off was sent before the next process received it: stream_output may still be
         # returning (bookkeeping after its send) while the detokenizer already works.
-        output.attrs["after_send_s"] = round(output.t1 - received, 9)
+        output.attrs = {**output.attrs, "after_send_s": round(output.t1 - received, 9)}
         output.t1 = received
     if output is not None and detok is not None and detok.t0 > output.t1:
         out.append(StageEvent("detokenize.inbox_wait", "detokenizer", output.t1, detok.t0))
