@@ -1,16 +1,22 @@
-"""The join: one record per request from the API, scheduler and detokenizer processes.
+"""The collector process: one record per request, joined from the API, scheduler and detokenizer.
 
-Runs in the API process on one daemon thread. API hooks hand over finished ``ApiTrace`` objects
-(a deque append); scheduler and detokenizer outboxes send their stage events over ZMQ, keyed by rid.
-Records are built here, off the request path, and passed to the sinks.
+It runs beside SGLang, not inside it (``python -m sglang_mmtrace.collector``, started by the plugin
+in the API process): joining, building records and exporting them (JSONL, Prometheus, OTLP) take
+no GIL time from SGLang's event loop or scheduler loop. The API process sends each finished
+request's ``ApiTrace`` (pickled, once the response is complete); the schedulers' and detokenizer's
+outboxes send their stage events, keyed by rid, and heartbeats. An admin socket serves the API
+process's ``/mmtrace/state`` and ``/mmtrace/enabled`` and starts the metrics once SGLang's server
+arguments are known. The collector publishes switch flips to the other processes and waits for their
+confirmations. It exits when the API process is gone.
 """
 
 from __future__ import annotations
 
-import collections
+import argparse
 import logging
 import os
 import pickle
+import sys
 import tempfile
 import threading
 import time
@@ -19,7 +25,7 @@ from typing import Any, Protocol
 
 from . import switch, telemetry
 from .config import Config
-from .context import LIVE, ApiTrace, HttpCtx
+from .context import ApiTrace, HttpCtx
 from .record import EmitContext, StageEvent, coverage, stage_dicts
 from .stages import API, ROOT
 
@@ -27,16 +33,17 @@ logger = logging.getLogger("sglang_mmtrace")
 
 POLL_MS = 50
 IDLE_POLL_MS = 1000
-"""While the switch is off and nothing is waiting: how long the collector thread sleeps between looks."""
-FLIP_TIMEOUT_S = 5.0
-FLIP_RESEND_S = 0.2
+"""While the switch is off and nothing is waiting: how long the collector sleeps between looks."""
 HEALTH_INTERVAL_S = 1.0
-ORPHAN_TTL_S = 30.0
+ORPHAN_TTL_S = 300.0
+"""Events of a rid the API process never finished: kept this long (a cold first request can take a
+minute of JIT compilation on a GPU), then dropped and counted."""
+ORPHAN_MAX = 100_000
 DONE_MEMORY = 4096
 LAST_REMOTE_STAGES = ("scheduler.output", "detokenize")
+FLIP_TIMEOUT_S = 5.0
+FLIP_RESEND_S = 0.2
 
-
-_ship = switch.gate("ship")
 _records = switch.gate("records")
 
 
@@ -46,140 +53,170 @@ class Sink(Protocol):
     def emit(self, record: dict[str, Any], ctx: EmitContext) -> None: ...
 
 
-def collector_address(kind: str = "events") -> str:
+def ipc_address(kind: str) -> str:
     name = f"sglang-mmtrace-{os.getpid()}-{kind}-{uuid.uuid4().hex[:8]}.ipc"
     return "ipc://" + os.path.join(tempfile.gettempdir(), name)
 
 
-class FlipPublisher:
-    """The API process's end of the switch: a PUB socket the schedulers and detokenizer subscribe to.
-
-    Bound at install, used only by the HTTP handler of ``POST /mmtrace/enabled`` (the event loop).
-    """
-
-    def __init__(self, address: str | None = None) -> None:
-        import zmq
-
-        self.address = address or collector_address("control")
-        self._sock = zmq.Context.instance().socket(zmq.PUB)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(self.address)
-        self._lock = threading.Lock()
-
-    def publish(self, setting: switch.Setting, gen: int) -> None:
-        with self._lock:
-            self._sock.send(pickle.dumps((gen, setting.on, setting.parts)))
-
-
 class Collector:
-    def __init__(self, cfg: Config, sinks: list[Sink], sglang_version: str, address: str | None = None) -> None:
+    """Binds ``address`` (events in), ``control_address`` (flips out) and ``admin_address`` (requests in)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        sinks: list[Sink],
+        sglang_version: str,
+        address: str | None = None,
+        control_address: str | None = None,
+        admin_address: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.sinks = sinks
         self.sglang_version = sglang_version
-        self.address = address or collector_address()
-        self._finished: collections.deque[ApiTrace] = collections.deque()
+        self.address = address or ipc_address("events")
+        self.control_address = control_address or ipc_address("control")
+        self.admin_address = admin_address or ipc_address("admin")
         self._waiting: list[tuple[float, ApiTrace]] = []
         self._remote: dict[str, list[StageEvent]] = {}
         self._remote_seen: dict[str, float] = {}
-        self._done: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._done: dict[str, None] = {}
         self._peers: dict[str, dict[str, Any]] = {}
+        self._api: dict[str, Any] = {}  # the API process's last health report
+        self.api_pid: int | None = None
         self._records = 0
         self._discarded = 0  # requests that crossed a switch flip: no record
-        self.control = FlipPublisher()
         self.last_flip = float("-inf")  # perf_counter time of the last flip
+        self._flip: tuple[Any, int, float, float, switch.Setting] | None = None  # (client, gen, deadline, sent, setting)
         self._unix_offset = time.time() - time.perf_counter()
         self._last_health = 0.0
         self.metrics_started = False
-        self._thread = threading.Thread(target=self._run, name="mmtrace-collector", daemon=True)
+        self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self.parent_pid: int | None = None
 
-    # -- called from request paths (cheap) ---------------------------------------------------
     def start(self) -> None:
+        """Run the loop on a daemon thread (unit tests and benchmarks; the plugin runs ``main``)."""
+        self._thread = threading.Thread(target=self.run, name="mmtrace-collector", daemon=True)
         self._thread.start()
         self._ready.wait(5.0)
 
     def add_sink(self, sink: Sink) -> None:
-        """Sinks may arrive after start (metrics need SGLang's server args); list swaps are atomic."""
         self.sinks = [*self.sinks, sink]
 
-    def finish(self, trace: ApiTrace) -> None:
-        """Hand a finished request over; it leaves ``LIVE`` now, whatever its status.
-
-        A request that did not start and end in the same switch generation is marked for discard
-        (the collector also drops the other processes' events for it)."""
-        if trace.closed:
-            return
-        trace.closed = True
-        LIVE.pop(trace.rid, None)
-        if trace.http is not None and trace.http.gen != switch.generation:
-            trace.discard = True
-        elif not _ship.on:
-            return
-        self._finished.append(trace)
-
-    async def flip(self, setting: switch.Setting) -> tuple[bool, dict[str, Any]]:
-        """Apply a setting here, publish it, and wait until every peer process confirms it.
-
-        Returns ``(all confirmed, per-process state)``; runs on the event loop (``POST /mmtrace/enabled``).
-        """
-        import asyncio
-
-        gen = switch.generation + 1
-        switch.apply(setting, gen)
-        self.last_flip = time.perf_counter()
-        deadline = time.monotonic() + FLIP_TIMEOUT_S
-        sent = 0.0
-        while True:
-            missing = [key for key, hb in self._peers.items() if (hb.get("switch") or {}).get("generation") != gen]
-            t = time.monotonic()
-            if not missing or t >= deadline:
-                break
-            if t - sent >= FLIP_RESEND_S:  # a subscriber that connected late missed the first one
-                self.control.publish(setting, gen)
-                sent = t
-            await asyncio.sleep(0.002)
-        processes = {f"api:{os.getpid()}": switch.snapshot()}
-        processes.update({key: hb.get("switch") for key, hb in self._peers.items()})
-        return not missing, {**switch.snapshot(), "processes": processes, **({"missing": missing} if missing else {})}
-
-    def finish_http(self, http: HttpCtx) -> None:
-        for trace in http.traces:
-            self.finish(trace)
-
-    # -- collector thread ------------------------------------------------------------------
-    def _run(self) -> None:
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
         import zmq
 
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.PULL)
         sock.setsockopt(zmq.RCVHWM, 100000)
         sock.bind(self.address)
+        self._pub = ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self._pub.bind(self.control_address)
+        admin = ctx.socket(zmq.ROUTER)
+        admin.setsockopt(zmq.LINGER, 0)
+        admin.bind(self.admin_address)
+        self._admin = admin
         self._ready.set()
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
+        poller.register(admin, zmq.POLLIN)
         while True:
             try:
-                idle = not switch.GATES["records"].on and not self._waiting and not self._finished
-                if poller.poll(IDLE_POLL_MS if idle else POLL_MS):
+                idle = not _records.on and not self._waiting and self._flip is None
+                ready = dict(poller.poll(IDLE_POLL_MS if idle else POLL_MS))
+                if sock in ready:
                     while True:
                         try:
                             raw = sock.recv(zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         self._on_message(pickle.loads(raw))
-                self._drain_finished()
+                if admin in ready:
+                    while True:
+                        try:
+                            client, _, raw = admin.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._on_admin(client, pickle.loads(raw))
                 t = time.perf_counter()
+                self._check_flip()
                 self._flush_ready(t)
                 if t - self._last_health >= HEALTH_INTERVAL_S:
                     self._last_health = t
                     self._sync_health()
+                    if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                        return  # the API process is gone
             except Exception as exc:  # the collector must outlive any bad message
                 telemetry.contained("collector", exc)
+
+    def _reply(self, client: bytes, payload: Any) -> None:
+        self._admin.send_multipart([client, b"", pickle.dumps(payload)])
+
+    def _on_admin(self, client: bytes, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "state":
+            self._reply(client, self.state())
+        elif kind == "flip":
+            _, gen, on, parts, api_switch = msg
+            setting = switch.Setting(on, tuple(parts))
+            switch.apply(setting, gen)
+            self.last_flip = time.perf_counter()
+            if self.api_pid is not None:
+                self._api["switch"] = api_switch
+            self._flip = (client, gen, time.monotonic() + FLIP_TIMEOUT_S, 0.0, setting)
+            self._check_flip()
+        elif kind == "metrics":
+            self._reply(client, self.start_metrics(*msg[1:]))
+        else:
+            self._reply(client, {"error": f"unknown admin request {kind!r}"})
+
+    def _check_flip(self) -> None:
+        """Publish the pending flip (again every ``FLIP_RESEND_S``: a late subscriber misses the first)
+        and answer its requester once every peer confirmed it, or at the deadline."""
+        if self._flip is None:
+            return
+        client, gen, deadline, sent, setting = self._flip
+        missing = [key for key, hb in self._peers.items() if (hb.get("switch") or {}).get("generation") != gen]
+        t = time.monotonic()
+        if missing and t < deadline:
+            if t - sent >= FLIP_RESEND_S:
+                self._pub.send(pickle.dumps((gen, setting.on, setting.parts)))
+                self._flip = (client, gen, deadline, t, setting)
+            return
+        self._flip = None
+        processes = {f"collector:{os.getpid()}": switch.snapshot()}
+        processes.update({key: hb.get("switch") for key, hb in self._peers.items()})
+        self._reply(client, (not missing, processes, missing))
+
+    def start_metrics(self, multiproc_dir: str | None, port: int | None) -> str | None:
+        """Start the Prometheus sink: in SGLang's multiprocess directory (its ``/metrics`` serves it) or
+        on our own port. Returns why not, or None."""
+        if self.metrics_started:
+            return None
+        self.metrics_started = True
+        if multiproc_dir:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir  # before prometheus_client is imported
+        try:
+            from .sinks.prometheus import PrometheusSink
+
+            self.add_sink(PrometheusSink(port=None if multiproc_dir else port))
+        except Exception as exc:
+            return repr(exc)
+        return None
 
     def _on_message(self, msg: tuple[Any, ...]) -> None:
         kind, process, pid, body = msg
         if kind == "hb":
             self._peers[f"{process}:{pid}"] = body
+            return
+        if kind == "api":
+            traces, health = body
+            self.api_pid = pid
+            if health is not None:
+                self._api.update(health)
+            self._on_traces(traces)
             return
         t = time.perf_counter()
         for rids, name, t0, t1, clock, attrs in body:
@@ -189,10 +226,8 @@ class Collector:
                 self._remote.setdefault(rid, []).append(StageEvent(name, process, t0, t1, clock, attrs, pid))
                 self._remote_seen.setdefault(rid, t)
 
-    def _drain_finished(self) -> None:
-        q = self._finished
-        while q:
-            trace = q.popleft()
+    def _on_traces(self, traces: list[ApiTrace]) -> None:
+        for trace in traces:
             if trace.discard or not _records.on:
                 self._forget(trace.rid)
                 self._discarded += trace.discard
@@ -210,14 +245,20 @@ class Collector:
             else:
                 keep.append((deadline, trace))
         self._waiting = keep
+        if len(self._remote_seen) > ORPHAN_MAX or (self._remote_seen and t - next(iter(self._remote_seen.values())) > ORPHAN_TTL_S):
+            self._drop_orphans(t)
+
+    def _drop_orphans(self, t: float) -> None:
+        """Events whose request the API process never finished (oldest first; insertion order)."""
         for rid, seen in list(self._remote_seen.items()):
-            if t - seen > ORPHAN_TTL_S and rid not in LIVE:  # a live request may be slow (cold JIT)
-                self._remote_seen.pop(rid, None)
-                if self._remote.pop(rid, None) is not None:
-                    if abs(seen - self.last_flip) < ORPHAN_TTL_S:
-                        self._discarded += 1  # its API side arrived while the switch was off
-                    else:
-                        telemetry.drop("orphan_events")
+            if t - seen <= ORPHAN_TTL_S and len(self._remote_seen) <= ORPHAN_MAX:
+                break
+            self._remote_seen.pop(rid, None)
+            if self._remote.pop(rid, None) is not None:
+                if abs(seen - self.last_flip) < ORPHAN_TTL_S:
+                    self._discarded += 1  # its API side arrived while the switch was off
+                else:
+                    telemetry.drop("orphan_events")
 
     def _last_stages(self) -> tuple[str, ...]:
         """The last stages a request waits for: ``detokenize`` only once a detokenizer has reported."""
@@ -231,7 +272,7 @@ class Collector:
         self._remote_seen.pop(rid, None)
         self._done[rid] = None
         while len(self._done) > DONE_MEMORY:
-            self._done.popitem(last=False)
+            del self._done[next(iter(self._done))]
         return remote
 
     def _emit(self, trace: ApiTrace) -> None:
@@ -257,7 +298,7 @@ class Collector:
     def _pids(self, remote: list[StageEvent]) -> dict[str, int]:
         """Process kind -> pid for this request: the process that sent its events (with ``--dp-size``
         > 1 each request has its own scheduler), else the first peer of that kind."""
-        pids = {"api": os.getpid()}
+        pids = {"api": self.api_pid or os.getpid()}
         for e in remote:
             if e.pid is not None:
                 pids.setdefault(e.process, e.pid)
@@ -266,6 +307,11 @@ class Collector:
             pids.setdefault(process, int(pid))
         return pids
 
+    def _health_sources(self) -> dict[str, dict[str, Any]]:
+        """Every process's counters: this one's, the API process's (as reported) and the peers'."""
+        own = {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped)}
+        return {"collector": own, "api": self._api, **self._peers}
+
     def _sync_health(self) -> None:
         from .sinks.prometheus import health_totals
 
@@ -273,9 +319,9 @@ class Collector:
         for sink in self.sinks:
             sync = getattr(sink, "sync_health", None)
             if sync is not None and switch.on(sink.PART):
-                totals = totals or health_totals(
-                    {"errors": telemetry.errors, "dropped": telemetry.dropped}, self._peers
-                )
+                if totals is None:
+                    sources = self._health_sources()
+                    totals = health_totals(sources.pop("collector"), sources)
                 try:
                     sync(totals)
                 except Exception as exc:
@@ -283,17 +329,22 @@ class Collector:
 
     # -- introspection (tests, doctor) ---------------------------------------------------------
     def state(self) -> dict[str, Any]:
+        """The collector's side of ``/mmtrace/state`` (the API process adds its own live requests)."""
+        from .sinks.prometheus import health_totals
+
+        sources = self._health_sources()
+        own = sources.pop("collector")
+        api_and_own = health_totals(own, {"api": self._api})
         return {
             "api": {
-                "live_requests": len(LIVE),
-                "finishing": len(self._finished) + len(self._waiting),
+                "finishing": len(self._waiting),
                 "remote_pending": len(self._remote),
                 "records": self._records,
                 "switch_discarded": self._discarded,
-                "switch": switch.snapshot(),
-                "errors": dict(telemetry.errors),
-                "dropped": dict(telemetry.dropped),
+                "errors": api_and_own["errors"],
+                "dropped": api_and_own["dropped"],
             },
+            "collector": {"pid": os.getpid(), "switch": switch.snapshot()},
             "peers": dict(self._peers),
         }
 
@@ -423,3 +474,59 @@ def _trace_id(http: HttpCtx | None) -> str | None:
         if len(parts) >= 4 and len(parts[1]) == 32:
             return parts[1]
     return None
+
+
+def _sinks(cfg: Config) -> list[Sink]:
+    sinks: list[Sink] = []
+    if cfg.otlp_endpoint:
+        try:
+            from .sinks.otlp import OtlpSink
+
+            sinks.append(OtlpSink(cfg.otlp_endpoint, cfg.otlp_protocol, cfg.sample))
+        except Exception as exc:  # e.g. the opentelemetry packages are not installed
+            telemetry.warn("OTLP export disabled: %r (pip install 'sglang-mmtrace[otlp]')", exc)
+    if cfg.jsonl_path:
+        from .sinks.jsonl import JsonlSink
+
+        try:
+            sinks.append(JsonlSink(cfg.jsonl_path))
+        except OSError as exc:  # e.g. a read-only folder: serve and measure without the file
+            telemetry.errors["sink.jsonl"] += 1
+            telemetry.warn("JSONL records disabled: cannot open %s: %r", cfg.jsonl_path, exc)
+    return sinks
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The collector process (started by ``collector_client.spawn``; configuration from the environment)."""
+    p = argparse.ArgumentParser(prog="python -m sglang_mmtrace.collector")
+    p.add_argument("--events", required=True)
+    p.add_argument("--control", required=True)
+    p.add_argument("--admin", required=True)
+    p.add_argument("--sglang-version", default="unknown")
+    p.add_argument("--parent", type=int, required=True)
+    args = p.parse_args(argv)
+    _die_with_parent()
+    logging.basicConfig(level=logging.INFO, format="[mmtrace collector] %(message)s", stream=sys.stderr)
+    from . import config
+
+    cfg = config.get()
+    collector = Collector(cfg, _sinks(cfg), args.sglang_version, args.events, args.control, args.admin)
+    collector.parent_pid = args.parent
+    if os.getppid() != args.parent:
+        return
+    collector.run()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent (the API process) dies (also checked every second)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,15 @@
-"""Ship stage events from a scheduler or detokenizer process to the API process's collector.
+"""Ship stage events from a scheduler or detokenizer process to the collector process.
 
-The hot path only appends a tuple to a deque. A daemon thread drains it every 50 ms and
-sends one non-blocking ZMQ message; when the collector is slow or gone, messages are dropped and
-counted, never waited for. The same thread applies the runtime switch's flips, which the API
-process publishes on its control socket, and confirms each with a heartbeat; while the switch is
-off it blocks on that socket.
+The hot path appends a tuple to a deque. The event that closes a hook's work for its requests
+(``scheduler.output``, ``detokenize``: after SGLang has already handed the output on) also sends
+the queued events, on the thread that emitted it, as one non-blocking ZMQ message: a pickle of a few
+tuples and a copy into ZMQ's queue, no wake-up of another Python thread. When the collector is slow
+or gone, messages are dropped and counted, never waited for.
+
+A daemon thread applies the runtime switch's flips, which the collector publishes on its control
+socket, and confirms each at once with a heartbeat. While the switch is on it also wakes every
+``HEARTBEAT_INTERVAL_S`` to send the process's health and any straggling events; while it is off it
+blocks on the control socket (no wake-ups, no GIL).
 """
 
 from __future__ import annotations
@@ -13,14 +18,13 @@ import collections
 import os
 import pickle
 import threading
-import time
 from typing import Any
 
 from . import switch, telemetry
 
-FLUSH_INTERVAL_S = 0.05
-"""Long enough that waking this thread (and taking the GIL from the scheduler loop) is rare."""
 HEARTBEAT_INTERVAL_S = 0.5
+FLUSH_STAGES = frozenset({"scheduler.output", "detokenize"})
+"""Stages emitted last for their requests in their process: they send the queue right away."""
 
 Event = tuple[Any, str, float, float, str, dict[str, Any]]
 """(rid or tuple of rids, stage, t0, t1, clock, attrs)."""
@@ -29,87 +33,96 @@ Event = tuple[Any, str, float, float, str, dict[str, Any]]
 class Outbox:
     def __init__(self, address: str, process: str, control_address: str | None = None) -> None:
         self.address = address
-        self.control_address = control_address
         self.process = process
+        self.control_address = control_address
         self._q: collections.deque[Event] = collections.deque()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the socket: the emitting thread and the control thread
+        self._sock: Any = None
+        self._pid = os.getpid()
         self.pending_gauges: dict[str, Any] = {}
 
     def add(
         self, rids: Any, stage: str, t0: float, t1: float, clock: str = "host", attrs: dict[str, Any] | None = None
     ) -> None:
         self._q.append((rids, stage, t0, t1, clock, attrs or {}))
-        if self._thread is None:
-            self.start()
+        if stage in FLUSH_STAGES:
+            self.flush()
 
     def start(self) -> None:
+        """Connect, then start the control thread (once)."""
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="mmtrace-outbox", daemon=True)
-                self._thread.start()
+            if self._thread is not None:
+                return
+            import zmq
 
-    def _run(self) -> None:
+            sock = zmq.Context.instance().socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 10000)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.address)
+            self._sock = sock
+            self._thread = threading.Thread(target=self._run, name="mmtrace-outbox", daemon=True)
+            self._thread.start()
+
+    def flush(self, heartbeat: bool = False) -> None:
+        """Send the queued events (and the health, if asked) now, on the calling thread; never blocks."""
+        batch: list[Event] = []
+        q = self._q
+        while q:
+            batch.append(q.popleft())
+        msgs = [("ev", self.process, self._pid, batch)] if batch else []
+        if heartbeat:
+            msgs.append(("hb", self.process, self._pid, self.health()))
+        if not msgs:
+            return
         import zmq
 
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, 10000)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.address)
-        poller = zmq.Poller()
-        control = None
-        if self.control_address:
-            control = ctx.socket(zmq.SUB)
-            control.setsockopt(zmq.SUBSCRIBE, b"")
-            control.setsockopt(zmq.LINGER, 0)
-            control.connect(self.control_address)
-            poller.register(control, zmq.POLLIN)
-        pid = os.getpid()
-        last_hb = 0.0
-        while True:
-            # Switch off and nothing queued: block until the next flip (no wake-ups, no GIL).
-            idle = not self._q and not any(g.on for g in switch.GATES.values())
-            flipped = False
-            if control is None:
-                time.sleep(FLUSH_INTERVAL_S)
-            elif poller.poll(None if idle else FLUSH_INTERVAL_S * 1000):
-                flipped = self._apply_flips(control)
-            batch: list[Event] = []
-            q = self._q
-            while q:
-                batch.append(q.popleft())
-            msgs = []
-            if batch:
-                msgs.append(("ev", self.process, pid, batch))
-            t = time.monotonic()
-            if flipped or (t - last_hb >= HEARTBEAT_INTERVAL_S and not idle):
-                last_hb = t
-                msgs.append(("hb", self.process, pid, self.health()))
+        with self._lock:
+            sock = self._sock
             for msg in msgs:
                 try:
+                    if sock is None:
+                        raise zmq.Again
                     sock.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
                 except zmq.Again:
                     if msg[0] == "ev":
                         telemetry.drop("outbox", len(msg[3]))
-                except Exception as exc:  # never let the shipping thread die
+                except Exception as exc:  # never let shipping fail the hook or the thread
                     telemetry.contained("outbox", exc)
 
-    @staticmethod
-    def _apply_flips(control: Any) -> bool:
-        """Apply every flip waiting on the control socket (the newest wins); True if one was read."""
+    def _run(self) -> None:
         import zmq
 
-        got = False
+        poller = zmq.Poller()
+        control = None
+        if self.control_address:
+            control = zmq.Context.instance().socket(zmq.SUB)
+            control.setsockopt(zmq.SUBSCRIBE, b"")
+            control.setsockopt(zmq.LINGER, 0)
+            control.connect(self.control_address)
+            poller.register(control, zmq.POLLIN)
+        self.flush(heartbeat=True)  # hello: the collector learns this process exists
+        while True:
+            try:
+                idle = not self._q and not any(g.on for g in switch.GATES.values())
+                timeout = None if idle and control is not None else HEARTBEAT_INTERVAL_S * 1000
+                ready = poller.poll(timeout) if control is not None else _sleep(timeout)
+                if ready and control is not None:
+                    self._apply_flips(control)
+                self.flush(heartbeat=True)
+            except Exception as exc:  # the control thread must outlive any bad message
+                telemetry.contained("outbox.control", exc)
+
+    @staticmethod
+    def _apply_flips(control: Any) -> None:
+        """Apply every flip waiting on the control socket (the newest wins)."""
+        import zmq
+
         while True:
             try:
                 gen, on, parts = pickle.loads(control.recv(zmq.NOBLOCK))
             except zmq.Again:
-                return got
-            except Exception as exc:
-                telemetry.contained("outbox.control", exc)
-                continue
-            got = True
+                return
             if gen != switch.generation:
                 switch.apply(switch.Setting(on, tuple(parts)), gen)
 
@@ -121,3 +134,10 @@ class Outbox:
             "switch": switch.snapshot(),
             **{k: (v() if callable(v) else v) for k, v in self.pending_gauges.items()},
         }
+
+
+def _sleep(timeout_ms: float | None) -> list:
+    import time
+
+    time.sleep((timeout_ms or 0) / 1000)
+    return []

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from . import config, runtime, switch
+from . import config, runtime, switch, telemetry
 from . import environment_variables as ev
 from .hooks import registry
 from .hooks.base import gated
@@ -67,23 +67,12 @@ def detect_role() -> str:
     return API
 
 
-def _warn(msg: str, *args: Any) -> None:
-    """One line, always prefixed ``sglang-mmtrace:`` (how operators and tests tell the plugin's lines apart).
-
-    Scheduler and detokenizer logging is not configured yet at plugin-load time: stderr then.
-    """
-    if logging.getLogger().handlers or logger.handlers:
-        logger.warning("sglang-mmtrace: " + msg, *args)
-    else:
-        print("sglang-mmtrace: " + (msg % args), file=sys.stderr)
-
-
 def load() -> None:
     """The plugin entry point: never raises into SGLang."""
     try:
         install()
     except Exception as exc:  # pragma: no cover - last line of defence
-        _warn("not installed: %r", exc)
+        telemetry.warn("not installed: %r", exc)
 
 
 def install(role: str | None = None) -> str | None:
@@ -100,18 +89,18 @@ def install(role: str | None = None) -> str | None:
     version = sglang_version() or "unknown"
     manifest = load_manifest(version)
     if manifest.override:
-        _warn("manifest override %s=%s", ev.SGLANG_MMTRACE_MANIFEST, manifest.override)
+        telemetry.warn("manifest override %s=%s", ev.SGLANG_MMTRACE_MANIFEST, manifest.override)
     elif not manifest.exact:
-        _warn("SGLang %s has no manifest; using the %s targets that resolve", version, manifest.version)
+        telemetry.warn("SGLang %s has no manifest; using the %s targets that resolve", version, manifest.version)
     if role == API:
         workers = tokenizer_workers(sys.argv)
         if workers > 1:
-            _warn(MULTI_TOKENIZER_LIMIT, workers)
-        _start_collector(cfg, version)
+            telemetry.warn(MULTI_TOKENIZER_LIMIT, workers)
+        _start_collector(version)
     else:
         address = os.environ.get(ev.SGLANG_MMTRACE_COLLECTOR)
         if not address:
-            _warn("%s process: no collector address (was the API process started without the plugin?)", role)
+            telemetry.warn("%s process: no collector address (was the API process started without the plugin?)", role)
             runtime.role = role
             return role
         from .outbox import Outbox
@@ -126,51 +115,24 @@ def install(role: str | None = None) -> str | None:
     return role
 
 
-def _start_collector(cfg: config.Config, version: str) -> None:
-    from .collector import Collector
+def _start_collector(version: str) -> None:
+    from .collector_client import CollectorClient
 
-    sinks: list[Any] = []
-    if cfg.otlp_endpoint:
-        try:
-            from .sinks.otlp import OtlpSink
-
-            sinks.append(OtlpSink(cfg.otlp_endpoint, cfg.otlp_protocol, cfg.sample))
-        except Exception as exc:  # e.g. the opentelemetry packages are not installed
-            _warn("OTLP export disabled: %r (pip install 'sglang-mmtrace[otlp]')", exc)
-    if cfg.jsonl_path:
-        from .sinks.jsonl import JsonlSink
-
-        try:
-            sinks.append(JsonlSink(cfg.jsonl_path))
-        except OSError as exc:  # e.g. a read-only folder: serve and measure without the file
-            from . import telemetry
-
-            telemetry.errors["sink.jsonl"] += 1
-            _warn("JSONL records disabled: cannot open %s: %r", cfg.jsonl_path, exc)
-    collector = Collector(cfg, sinks, version)
-    collector.start()
-    runtime.collector = collector
-    os.environ[ev.SGLANG_MMTRACE_COLLECTOR] = collector.address
-    os.environ[ev.SGLANG_MMTRACE_CONTROL] = collector.control.address
+    client = CollectorClient(version)
+    runtime.collector = client
+    os.environ[ev.SGLANG_MMTRACE_COLLECTOR] = client.address
+    os.environ[ev.SGLANG_MMTRACE_CONTROL] = client.control_address
     os.environ[ev.SGLANG_MMTRACE_COLLECTOR_OWNER] = str(os.getpid())
 
 
 def start_metrics(enable_metrics: bool) -> None:
-    """Called once SGLang's server args are known (TokenizerManager built): pick where metrics go."""
+    """Called once SGLang's server args are known (TokenizerManager built)."""
     cfg = config.get()
-    collector = runtime.collector
-    if not cfg.metrics or collector is None or getattr(collector, "metrics_started", False):
-        return
-    collector.metrics_started = True
-    from .sinks.prometheus import PrometheusSink
-
-    # With --enable-metrics SGLang has set PROMETHEUS_MULTIPROC_DIR by now: our metrics join its
-    # /metrics. Without it, serve our own registry.
-    port = None if enable_metrics and os.environ.get("PROMETHEUS_MULTIPROC_DIR") else cfg.metrics_port
-    try:
-        collector.add_sink(PrometheusSink(port=port))
-    except Exception as exc:
-        _warn("metrics disabled: %r", exc)
+    if cfg.metrics and runtime.collector is not None:
+        try:
+            runtime.collector.start_metrics(enable_metrics, cfg.metrics_port)
+        except Exception as exc:
+            telemetry.warn("metrics disabled: %r", exc)
 
 
 def check(entry: HookEntry) -> tuple[Any, str | None]:
@@ -196,7 +158,7 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
         if why is not None:
             runtime.missing.append((entry.hook_id, entry.target, why))
             stages = ", ".join(entry.stages) or "none"
-            _warn("hook %s -> %s not applied (stages absent: %s): %s", entry.hook_id, entry.target, stages, why)
+            telemetry.warn("hook %s -> %s not applied (stages absent: %s): %s", entry.hook_id, entry.target, stages, why)
             continue
         try:
             if spec.install is not None:
@@ -209,7 +171,7 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
                 runtime.applied.append(apply(entry.hook_id, entry.target, wrapper))
         except Exception as exc:
             runtime.missing.append((entry.hook_id, entry.target, f"apply failed: {exc!r}"))
-            _warn("hook %s -> %s failed to apply: %r", entry.hook_id, entry.target, exc)
+            telemetry.warn("hook %s -> %s failed to apply: %r", entry.hook_id, entry.target, exc)
 
 
 def uninstall() -> None:

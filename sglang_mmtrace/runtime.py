@@ -1,16 +1,16 @@
-"""Process-wide plugin state: the role of this process and its live sinks (set by ``plugin``)."""
+"""Process-wide plugin state: the role of this process and its links to the collector (set by ``plugin``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .collector import Collector
+    from .collector_client import CollectorClient
     from .outbox import Outbox
     from .patch import Applied
 
 role: str | None = None
-collector: Collector | None = None
+collector: CollectorClient | None = None
 outbox: Outbox | None = None
 applied: list[Applied] = []
 uninstallers: list = []

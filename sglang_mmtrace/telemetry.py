@@ -6,7 +6,9 @@ These back ``sglang_mmtrace_errors_total`` / ``sglang_mmtrace_dropped_total`` an
 from __future__ import annotations
 
 import logging
+import sys
 from collections import Counter
+from typing import Any
 
 from . import config
 
@@ -49,3 +51,14 @@ def drop(sink: str, n: int = 1, why: object = None) -> None:
         _logged.add(key)
         logger.warning("sglang-mmtrace: %s dropped %d item(s)%s; further drops are only counted", sink, n,
                        f" ({why!r})" if why is not None else "")
+
+
+def warn(msg: str, *args: Any) -> None:
+    """One line, always prefixed ``sglang-mmtrace:`` (how operators and tests tell the plugin's lines apart).
+
+    Scheduler and detokenizer logging is not configured yet at plugin-load time: stderr then.
+    """
+    if logging.getLogger().handlers or logger.handlers:
+        logger.warning("sglang-mmtrace: " + msg, *args)
+    else:
+        print("sglang-mmtrace: " + (msg % args), file=sys.stderr)

@@ -1,8 +1,8 @@
 """The runtime switch on the real CPU server: ``POST /mmtrace/enabled`` in every process.
 
-Off: every hook is a pass-through in the API process, the scheduler and the detokenizer (each
-confirms before the answer), requests get no record, and ``/mmtrace/state`` shows the setting per
-process. Back on: records again, complete. A request whose lifetime crosses a flip gets no record
+Off: every hook is a pass-through in the API process, the scheduler and the detokenizer, and the
+collector process exports nothing (each confirms before the answer), requests get no record, and
+``/mmtrace/state`` shows the setting per process. Back on: records again, complete. A request whose lifetime crosses a flip gets no record
 and is counted as discarded, not as dropped data.
 """
 
@@ -22,7 +22,7 @@ from sglang_mmtrace.harness import data_url, image_message, make_image
 
 pytestmark = pytest.mark.server
 
-PROCESSES = {"api", "scheduler", "detokenizer"}
+PROCESSES = {"api", "collector", "scheduler", "detokenizer"}
 
 
 def flip(port: int, body: object) -> tuple[int, dict]:

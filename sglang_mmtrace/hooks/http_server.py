@@ -101,7 +101,13 @@ async def _respond(send: Any, status: int, payload: Any) -> None:
 
 
 async def _serve_state(send: Any) -> None:
-    await _respond(send, 200, runtime.collector.state() if runtime.collector else {})
+    if runtime.collector is None:
+        await _respond(send, 200, {})
+        return
+    try:
+        await _respond(send, 200, await runtime.collector.state())
+    except TimeoutError as exc:
+        await _respond(send, 503, {"error": str(exc)})
 
 
 async def _serve_enabled(receive: Any, send: Any) -> None:

@@ -1,0 +1,150 @@
+"""The API process's end of the collector process (``collector.py``): start it, hand it requests.
+
+Nothing here runs a thread in SGLang's API process. ``finish_http`` runs on the event loop once a
+response is complete: it pickles the exchange's traces and copies them into a non-blocking ZMQ
+socket (a full queue drops and counts them, it never waits). The admin calls (``/mmtrace/state``,
+``/mmtrace/enabled``, starting the metrics) are request/reply round trips to the collector, run on
+the default executor so the event loop does not wait on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from . import switch, telemetry
+from .collector import ipc_address
+from .context import LIVE, ApiTrace, HttpCtx
+
+HEALTH_EVERY_S = 0.5
+"""How often the API process's own counters ride along with a finished request."""
+ADMIN_TIMEOUT_S = 10.0
+
+_ship = switch.gate("ship")
+
+
+class CollectorClient:
+    def __init__(self, sglang_version: str) -> None:
+        import zmq
+
+        self.address = ipc_address("events")
+        self.control_address = ipc_address("control")
+        self.admin_address = ipc_address("admin")
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "sglang_mmtrace.collector",
+                "--events", self.address, "--control", self.control_address, "--admin", self.admin_address,
+                "--sglang-version", sglang_version, "--parent", str(os.getpid()),
+            ],
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        self._sock = zmq.Context.instance().socket(zmq.PUSH)
+        self._sock.setsockopt(zmq.SNDHWM, 10000)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(self.address)
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._last_health = 0.0
+        self.metrics_started = False
+
+    # -- request path (event loop) ---------------------------------------------------------------
+    def finish(self, trace: ApiTrace) -> None:
+        self._ship([trace])
+
+    def finish_http(self, http: HttpCtx) -> None:
+        self._ship(http.traces)
+
+    def _ship(self, traces: list[ApiTrace]) -> None:
+        """Hand finished requests over; they leave ``LIVE`` now, whatever their status.
+
+        A request that did not start and end in the same switch generation is marked for discard (the
+        collector then also drops the other processes' events for it)."""
+        out = []
+        for trace in traces:
+            if trace.closed:
+                continue
+            trace.closed = True
+            LIVE.pop(trace.rid, None)
+            if trace.http is not None and trace.http.gen != switch.generation:
+                trace.discard = True
+            elif not _ship.on:
+                continue
+            out.append(trace)
+        if not out:
+            return
+        import zmq
+
+        t = time.monotonic()
+        health = None
+        if t - self._last_health >= HEALTH_EVERY_S:
+            self._last_health = t
+            health = {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped), "switch": switch.snapshot()}
+        with self._lock:
+            try:
+                self._sock.send(pickle.dumps(("api", "api", self._pid, (out, health)), pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
+            except zmq.Again:
+                telemetry.drop("collector", len(out))
+
+    # -- admin (executor threads) ----------------------------------------------------------------
+    def request(self, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
+        """One request/reply with the collector; raises TimeoutError when it does not answer."""
+        import zmq
+
+        sock = zmq.Context.instance().socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(self.admin_address)
+            sock.send(pickle.dumps(msg))
+            if not sock.poll(int(timeout_s * 1000)):
+                raise TimeoutError(f"the collector process did not answer {msg[0]!r} in {timeout_s:.0f} s")
+            return pickle.loads(sock.recv())
+        finally:
+            sock.close()
+
+    async def _request(self, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, self.request, msg, timeout_s)
+
+    async def state(self) -> dict[str, Any]:
+        st = await self._request(("state",))
+        st["api"].update({"pid": self._pid, "live_requests": len(LIVE), "switch": switch.snapshot()})
+        for kind in ("errors", "dropped"):
+            merged = dict(st["api"][kind])
+            for key, value in getattr(telemetry, kind).items():
+                merged[key] = max(merged.get(key, 0), value)  # the collector may not have the latest yet
+            st["api"][kind] = merged
+        return st
+
+    async def flip(self, setting: switch.Setting) -> tuple[bool, dict[str, Any]]:
+        """Apply a setting here and in the collector; the collector publishes it and waits until every
+        other process confirmed. Returns ``(all confirmed, the answer of POST /mmtrace/enabled)``."""
+        gen = switch.generation + 1
+        switch.apply(setting, gen)
+        confirmed, processes, missing = await self._request(
+            ("flip", gen, setting.on, setting.parts, switch.snapshot()), FLIP_WAIT_S
+        )
+        processes = {f"api:{self._pid}": switch.snapshot(), **processes}
+        answer = {**switch.snapshot(), "processes": processes, **({"missing": missing} if missing else {})}
+        return confirmed, answer
+
+    def start_metrics(self, enable_metrics: bool, port: int) -> None:
+        """Called once SGLang's server args are known (TokenizerManager built): pick where metrics go.
+
+        With ``--enable-metrics`` SGLang has set ``PROMETHEUS_MULTIPROC_DIR`` by now: our metrics join
+        its ``/metrics``. Without it, the collector serves its own registry on ``port``."""
+        if self.metrics_started:
+            return
+        self.metrics_started = True
+        multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR") if enable_metrics else None
+        why = self.request(("metrics", multiproc or None, None if multiproc else port))
+        if why:
+            telemetry.warn("metrics disabled: %s", why)
+
+
+FLIP_WAIT_S = 8.0
+"""Longer than the collector's own wait for confirmations (5 s), so its answer always arrives."""
