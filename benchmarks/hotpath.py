@@ -459,15 +459,17 @@ def build_sse_chunks(traced: bool, chunks: int) -> Callable[[], Callable[[], Any
 def run_api(args: argparse.Namespace) -> dict[str, Any]:
     import zmq
 
-    from sglang_mmtrace import config, runtime, telemetry
-    from sglang_mmtrace.collector import Collector
+    from sglang_mmtrace import runtime, telemetry
+    from sglang_mmtrace.collector_client import CollectorClient
     from sglang_mmtrace.context import LIVE
 
-    cfg = config.get()
-    collector = Collector(cfg, [], "0.5.23")  # no sinks: finish() and the join run, nothing is written
-    collector.start()
+    # The real collector process (no sinks configured: the join runs, nothing is written).
+    collector = CollectorClient("0.5.23")
     runtime.collector = collector
     runtime.role = "api"
+
+    def records_built() -> int:
+        return collector.request(("state",))["api"]["records"]
 
     # Remote stages of each traced rid, as the scheduler/detokenizer outboxes would send them.
     push = zmq.Context.instance().socket(zmq.PUSH)
@@ -498,10 +500,10 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
         pending.clear()
 
     plain, traced = build_api(False, args.steps), build_api(True, args.steps)
-    meter = BackgroundMeter(collector._thread)
+    meter = BackgroundMeter(None)  # the API process runs no plugin thread (the collector is its own process)
     results: dict[str, Any] = {}
     traced_requests = 0
-    records_before = collector._records
+    records_before = records_built()
     meter.start()
     for kind, image in (("image_request", True), ("text_request", False)):
 
@@ -521,11 +523,11 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
         results[kind] = summarize(samples, f"µs per request ({args.steps} output steps)")
     background = meter.stop(traced_requests)
     deadline = time.time() + 10
-    while collector._records - records_before < traced_requests and time.time() < deadline:
-        time.sleep(0.05)
+    while records_built() - records_before < traced_requests and time.time() < deadline:
+        time.sleep(0.2)
     checks = {
         "traced_requests": traced_requests,
-        "records_built": collector._records - records_before,
+        "records_built": records_built() - records_before,
         "live_left": len(LIVE),
         "contained_errors": dict(telemetry.errors),
         "dropped": dict(telemetry.dropped),

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from . import switch, telemetry
 from .config import Config
-from .context import ApiTrace, HttpCtx
+from .context import ApiTrace, HttpCtx, from_wire
 from .record import EmitContext, StageEvent, coverage, stage_dicts
 from .stages import API, ROOT
 
@@ -216,7 +216,7 @@ class Collector:
             self.api_pid = pid
             if health is not None:
                 self._api.update(health)
-            self._on_traces(traces)
+            self._on_traces([from_wire(w) for w in traces])
             return
         t = time.perf_counter()
         for rids, name, t0, t1, clock, attrs in body:

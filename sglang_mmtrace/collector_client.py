@@ -1,8 +1,8 @@
 """The API process's end of the collector process (``collector.py``): start it, hand it requests.
 
 Nothing here runs a thread in SGLang's API process. ``finish_http`` runs on the event loop once a
-response is complete: it pickles the exchange's traces and copies them into a non-blocking ZMQ
-socket (a full queue drops and counts them, it never waits). The admin calls (``/mmtrace/state``,
+response is complete: it pickles the exchange's traces (as plain tuples, ``context.to_wire``) and
+copies them into a non-blocking ZMQ socket (a full queue drops and counts them, it never waits). The admin calls (``/mmtrace/state``,
 ``/mmtrace/enabled``, starting the metrics) are request/reply round trips to the collector, run on
 the default executor so the event loop does not wait on them.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from . import switch, telemetry
 from .collector import ipc_address
-from .context import LIVE, ApiTrace, HttpCtx
+from .context import LIVE, ApiTrace, HttpCtx, to_wire
 
 HEALTH_EVERY_S = 0.5
 """How often the API process's own counters ride along with a finished request."""
@@ -87,25 +87,14 @@ class CollectorClient:
             health = {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped), "switch": switch.snapshot()}
         with self._lock:
             try:
-                self._sock.send(pickle.dumps(("api", "api", self._pid, (out, health)), pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
+                msg = ("api", "api", self._pid, ([to_wire(tr) for tr in out], health))
+                self._sock.send(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
             except zmq.Again:
                 telemetry.drop("collector", len(out))
 
     # -- admin (executor threads) ----------------------------------------------------------------
     def request(self, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
-        """One request/reply with the collector; raises TimeoutError when it does not answer."""
-        import zmq
-
-        sock = zmq.Context.instance().socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.connect(self.admin_address)
-            sock.send(pickle.dumps(msg))
-            if not sock.poll(int(timeout_s * 1000)):
-                raise TimeoutError(f"the collector process did not answer {msg[0]!r} in {timeout_s:.0f} s")
-            return pickle.loads(sock.recv())
-        finally:
-            sock.close()
+        return admin_request(self.admin_address, msg, timeout_s)
 
     async def _request(self, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, self.request, msg, timeout_s)
@@ -148,3 +137,19 @@ class CollectorClient:
 
 FLIP_WAIT_S = 8.0
 """Longer than the collector's own wait for confirmations (5 s), so its answer always arrives."""
+
+
+def admin_request(address: str, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
+    """One request/reply with the collector's admin socket; raises TimeoutError when it does not answer."""
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send(pickle.dumps(msg))
+        if not sock.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"the collector process did not answer {msg[0]!r} in {timeout_s:.0f} s")
+        return pickle.loads(sock.recv())
+    finally:
+        sock.close()

@@ -120,3 +120,39 @@ current_trace: contextvars.ContextVar[ApiTrace | None] = contextvars.ContextVar(
 
 LIVE: dict[str, ApiTrace] = {}
 """rid -> trace, for hooks that run outside the request's task (output handling)."""
+
+
+# -- the wire form: what the API process sends the collector process for a finished request --------
+_EVENT_LISTS = frozenset({"events", "pre_events"})
+_HTTP_WIRE = tuple(s for s in HttpCtx.__slots__ if s != "traces")  # siblings are not needed there
+_TRACE_WIRE = tuple(s for s in ApiTrace.__slots__ if s != "http")
+
+
+def _pack(obj: Any, names: tuple[str, ...]) -> tuple:
+    return tuple(
+        [(e.name, e.process, e.t0, e.t1, e.clock, e.attrs, e.pid) for e in getattr(obj, n)]
+        if n in _EVENT_LISTS
+        else getattr(obj, n)
+        for n in names
+    )
+
+
+def _unpack(obj: Any, names: tuple[str, ...], values: tuple) -> Any:
+    for n, v in zip(names, values, strict=True):
+        setattr(obj, n, [StageEvent(*e) for e in v] if n in _EVENT_LISTS else v)
+    return obj
+
+
+def to_wire(trace: ApiTrace) -> tuple:
+    """Plain tuples of the trace and its HTTP exchange: pickled about five times faster than the objects."""
+    http = trace.http
+    return _pack(trace, _TRACE_WIRE), (None if http is None else _pack(http, _HTTP_WIRE))
+
+
+def from_wire(wire: tuple) -> ApiTrace:
+    values, http_values = wire
+    trace = _unpack(ApiTrace.__new__(ApiTrace), _TRACE_WIRE, values)
+    trace.http = None if http_values is None else _unpack(HttpCtx.__new__(HttpCtx), _HTTP_WIRE, http_values)
+    if trace.http is not None:
+        trace.http.traces = [trace]
+    return trace

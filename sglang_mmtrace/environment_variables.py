@@ -26,7 +26,8 @@ OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 
 # Internal: set by the API process before SGLang spawns its children, read by the children.
 SGLANG_MMTRACE_COLLECTOR = "SGLANG_MMTRACE_COLLECTOR"
-"""ZMQ address of the API process's collector (internal; set by the plugin, inherited by children)."""
+"""ZMQ address of the collector process's event socket (internal; set by the plugin in the API process,
+inherited by SGLang's other processes)."""
 
 SGLANG_MMTRACE_CONTROL = "SGLANG_MMTRACE_CONTROL"
 """ZMQ address on which the API process publishes runtime-switch flips to the other processes (internal)."""

@@ -1,6 +1,6 @@
 """OpenTelemetry sink: one trace per request, built from the record's measured timestamps.
 
-Spans are created in the collector thread with explicit start/end times (off the request path),
+Spans are created in the collector process with explicit start/end times (off the request path),
 tagged with the resource of the SGLang process that did the work (api, scheduler, detokenizer),
 and exported in batches by a background thread with a bounded queue: a slow or absent collector
 drops spans (``sglang_mmtrace_dropped_total{sink="otlp"}``) and never blocks a request.

@@ -1,10 +1,11 @@
 """Prometheus sink: the contract's ``sglang_mmtrace_*`` metrics, observed from finished records.
 
-Records are joined in the API process, so every metric is observed there, scheduler and detokenizer
-stages included. With ``--enable-metrics`` SGLang runs prometheus_client in multiprocess mode and
-serves ``/metrics``: the metrics are created lazily, after SGLang has set
-``PROMETHEUS_MULTIPROC_DIR``, so they land in its directory and on its endpoint. Otherwise the
-plugin serves its own registry on ``SGLANG_MMTRACE_METRICS_PORT``.
+Records are joined in the collector process, so every metric is observed there, scheduler and
+detokenizer stages included. With ``--enable-metrics`` SGLang runs prometheus_client in
+multiprocess mode and serves ``/metrics``: the API process passes SGLang's
+``PROMETHEUS_MULTIPROC_DIR`` to the collector, which sets it before it first imports
+prometheus_client, so the metrics land in that directory and on SGLang's endpoint. Otherwise the
+collector serves its own registry on ``SGLANG_MMTRACE_METRICS_PORT``.
 """
 
 from __future__ import annotations

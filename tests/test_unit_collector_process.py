@@ -1,0 +1,140 @@
+"""The collector process's protocol without SGLang: the wire form of a finished request, records
+joined from API and peer messages, the admin socket's state, and a switch flip confirmed by a peer.
+
+The collector runs on a thread here (``Collector.start``) with its real ZMQ sockets; the peer is a
+plain SUB + PUSH pair speaking the outbox's messages.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pytest
+import zmq
+
+from sglang_mmtrace import switch
+from sglang_mmtrace.collector import Collector
+from sglang_mmtrace.collector_client import admin_request
+from sglang_mmtrace.config import Config
+from sglang_mmtrace.context import ApiTrace, HttpCtx, from_wire, to_wire
+from sglang_mmtrace.record import StageEvent
+
+
+def _trace(rid: str, dispatched: bool) -> ApiTrace:
+    http = HttpCtx(100.0, "/v1/chat/completions")
+    http.t_handle, http.t_first_body, http.t_last_body, http.status_code = 100.001, 100.05, 100.06, 200
+    http.pre_events.append(StageEvent("openai.convert", "api", 100.001, 100.002, attrs={"executor_wait_s": 0.0}))
+    trace = ApiTrace(rid, http, "tiny", 100.003)
+    http.traces.append(trace)
+    trace.add("tokenize", 100.003, 100.010)
+    trace.add("dispatch", 100.010, 100.011)
+    trace.dispatched = dispatched
+    trace.t_first_output = 100.049
+    trace.t_finished = 100.055
+    trace.output_tokens = 3
+    return trace
+
+
+def test_wire_form_keeps_every_field():
+    trace = _trace("r1", True)
+    back = from_wire(pickle.loads(pickle.dumps(to_wire(trace))))
+    for name in ApiTrace.__slots__:
+        if name != "http":
+            assert getattr(back, name) == getattr(trace, name), name
+    for name in HttpCtx.__slots__:
+        if name != "traces":
+            assert getattr(back.http, name) == getattr(trace.http, name), name
+    assert back.http.traces == [back]
+
+
+class ListSink:
+    PART = "jsonl"
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def emit(self, record, ctx) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def collector():
+    sink = ListSink()
+    col = Collector(Config(grace_s=5.0), [sink], "0.5.23")
+    col.start()
+    ctx = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(col.address)
+    yield col, sink, push
+    push.close()
+    switch.apply(switch.Setting(True, switch.PARTS), switch.generation + 1)
+
+
+def _wait(cond, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_record_joins_api_trace_and_peer_events(collector):
+    col, sink, push = collector
+    push.send(pickle.dumps(("hb", "scheduler", 7, {"errors": {}, "dropped": {"outbox": 2}})))
+    push.send(pickle.dumps(("api", "api", 11, ([to_wire(_trace("r1", True))], {"errors": {"x": 1}, "dropped": {}}))))
+    time.sleep(0.1)
+    assert sink.records == []  # dispatched: waits for the scheduler's last stage
+    events = [("r1", "scheduler.recv", 100.012, 100.013, "host", {}), (("r1",), "scheduler.output", 100.040, 100.045, "host", {})]
+    push.send(pickle.dumps(("ev", "scheduler", 7, events)))
+    _wait(lambda: sink.records)
+    (rec,) = sink.records
+    assert rec["rid"] == "r1" and rec["status"] == "ok"
+    names = [s["name"] for s in rec["stages"]]
+    assert {"request", "http.parse", "openai.convert", "tokenize", "dispatch", "scheduler.recv", "scheduler.output"} <= set(names)
+    assert "scheduler.inbox_wait" in names  # joined across the two processes
+    st = admin_request(col.admin_address, ("state",))
+    assert st["api"]["records"] == 1 and st["api"]["finishing"] == 0 and st["api"]["remote_pending"] == 0
+    assert st["api"]["errors"] == {"x": 1} and st["peers"]["scheduler:7"]["dropped"] == {"outbox": 2}
+    assert col._pids([])["api"] == 11
+
+
+def test_discarded_request_leaves_no_record_and_no_pending_events(collector):
+    col, sink, push = collector
+    trace = _trace("r2", True)
+    trace.discard = True
+    push.send(pickle.dumps(("ev", "scheduler", 7, [("r2", "scheduler.recv", 100.012, 100.013, "host", {})])))
+    push.send(pickle.dumps(("api", "api", 11, ([to_wire(trace)], None))))
+    push.send(pickle.dumps(("ev", "scheduler", 7, [(("r2",), "scheduler.output", 100.04, 100.045, "host", {})])))
+    _wait(lambda: admin_request(col.admin_address, ("state",))["api"]["switch_discarded"] == 1)
+    st = admin_request(col.admin_address, ("state",))
+    assert sink.records == [] and st["api"]["remote_pending"] == 0
+
+
+def test_flip_waits_for_the_peer_then_answers(collector):
+    col, sink, push = collector
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(col.control_address)
+    push.send(pickle.dumps(("hb", "scheduler", 7, {"switch": switch.snapshot()})))
+    _wait(lambda: "scheduler:7" in col._peers)
+    gen = switch.generation + 1
+    import threading
+
+    answer: dict = {}
+    t = threading.Thread(target=lambda: answer.setdefault("a", admin_request(
+        col.admin_address, ("flip", gen, False, list(switch.PARTS), {"on": False, "parts": [], "generation": gen}))))
+    t.start()
+    assert sub.poll(5000), "the flip was not published"
+    got_gen, on, parts = pickle.loads(sub.recv())
+    assert (got_gen, on) == (gen, False)
+    assert "a" not in answer  # not confirmed yet
+    push.send(pickle.dumps(("hb", "scheduler", 7, {"switch": {"on": False, "parts": [], "generation": gen}})))
+    t.join(5)
+    confirmed, processes, missing = answer["a"]
+    assert confirmed and not missing
+    assert processes["scheduler:7"]["generation"] == gen
+    assert any(k.startswith("collector:") and v["on"] is False for k, v in processes.items())
+    sub.close()
