@@ -41,6 +41,8 @@ minute of JIT compilation on a GPU), then dropped and counted."""
 ORPHAN_MAX = 100_000
 DONE_MEMORY = 4096
 LAST_REMOTE_STAGES = ("scheduler.output", "detokenize")
+SETTINGS_MEMORY = 64
+"""Switch settings remembered by generation (a request is exported under the one it ran in)."""
 FLIP_TIMEOUT_S = 5.0
 FLIP_RESEND_S = 0.2
 
@@ -86,6 +88,7 @@ class Collector:
         self._records = 0
         self._discarded = 0  # requests that crossed a switch flip: no record
         self.last_flip = float("-inf")  # perf_counter time of the last flip
+        self._settings: dict[int, switch.Setting] = {0: switch.Setting(True, switch.PARTS)}  # generation -> setting
         self._flip: tuple[Any, int, float, float, switch.Setting] | None = None  # (client, gen, deadline, sent, setting)
         self._unix_offset = time.time() - time.perf_counter()
         self._last_health = 0.0
@@ -162,6 +165,9 @@ class Collector:
             _, gen, on, parts, api_switch = msg
             setting = switch.Setting(on, tuple(parts))
             switch.apply(setting, gen)
+            self._settings[gen] = setting
+            while len(self._settings) > SETTINGS_MEMORY:
+                del self._settings[min(self._settings)]
             self.last_flip = time.perf_counter()
             if self.api_pid is not None:
                 self._api["switch"] = api_switch
@@ -228,7 +234,7 @@ class Collector:
 
     def _on_traces(self, traces: list[ApiTrace]) -> None:
         for trace in traces:
-            if trace.discard or not _records.on:
+            if trace.discard or "records" not in self._setting_of(trace).enabled:
                 self._forget(trace.rid)
                 self._discarded += trace.discard
                 continue
@@ -260,6 +266,12 @@ class Collector:
                 else:
                     telemetry.drop("orphan_events")
 
+    def _setting_of(self, trace: ApiTrace) -> switch.Setting:
+        """The switch setting the request was served under (its generation's), not the one now: a
+        request that ended just before a flip is still exported as it was when it ran."""
+        gen = trace.http.gen if trace.http is not None else switch.generation
+        return self._settings.get(gen) or switch.current()
+
     def _last_stages(self) -> tuple[str, ...]:
         """The last stages a request waits for: ``detokenize`` only once a detokenizer has reported."""
         if any(key.startswith("detokenizer:") for key in self._peers):
@@ -287,8 +299,9 @@ class Collector:
         self._records += 1
         parent = trace.sglang_traceparent or (trace.http.traceparent if trace.http is not None else None)
         ctx = EmitContext(parent, self._pids(remote))
+        parts = self._setting_of(trace).enabled
         for sink in self.sinks:
-            if not switch.on(sink.PART):
+            if sink.PART not in parts:
                 continue
             try:
                 sink.emit(record, ctx)

@@ -1,10 +1,11 @@
 """Ship stage events from a scheduler or detokenizer process to the collector process.
 
-The hot path appends a tuple to a deque. The event that closes a hook's work for its requests
-(``scheduler.output``, ``detokenize``: after SGLang has already handed the output on) also sends
-the queued events, on the thread that emitted it, as one non-blocking ZMQ message: a pickle of a few
-tuples and a copy into ZMQ's queue, no wake-up of another Python thread. When the collector is slow
-or gone, messages are dropped and counted, never waited for.
+The hot path appends a tuple to a deque. In a scheduler, ``scheduler.output`` (emitted after SGLang
+has handed the first token to the detokenizer) also sends the queued events, on the scheduler's own
+thread, as one non-blocking ZMQ message: a pickle of a few tuples and a copy into ZMQ's queue, no
+wake-up of another Python thread. The detokenizer's ``detokenize`` is emitted *before* SGLang sends
+the text on, so it does not send there: its events go with the next heartbeat. When the collector
+is slow or gone, messages are dropped and counted, never waited for.
 
 A daemon thread applies the runtime switch's flips, which the collector publishes on its control
 socket, and confirms each at once with a heartbeat. While the switch is on it also wakes every
@@ -23,8 +24,8 @@ from typing import Any
 from . import switch, telemetry
 
 HEARTBEAT_INTERVAL_S = 0.5
-FLUSH_STAGES = frozenset({"scheduler.output", "detokenize"})
-"""Stages emitted last for their requests in their process: they send the queue right away."""
+FLUSH_STAGES = frozenset({"scheduler.output"})
+"""Emitted last for its requests, after SGLang handed their output on: sends the queue right away."""
 
 Event = tuple[Any, str, float, float, str, dict[str, Any]]
 """(rid or tuple of rids, stage, t0, t1, clock, attrs)."""

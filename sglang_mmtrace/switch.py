@@ -79,6 +79,11 @@ class Setting:
     on: bool
     parts: tuple[str, ...]
 
+    @property
+    def enabled(self) -> tuple[str, ...]:
+        """The parts that are on (none while off)."""
+        return self.parts if self.on else ()
+
     @classmethod
     def parse(cls, body: Any) -> Setting:
         """``{"on": bool, "parts": [names]?}`` -> Setting; raises ValueError on anything else."""
@@ -99,7 +104,7 @@ def apply(setting: Setting, gen: int) -> None:
     """Set every gate of this process (any thread; each store is atomic under the GIL)."""
     global generation
     for name, g in GATES.items():
-        g.on = setting.on and name in setting.parts
+        g.on = name in setting.enabled
     generation = gen
     for listener in LISTENERS:
         listener()

@@ -138,3 +138,22 @@ def test_flip_waits_for_the_peer_then_answers(collector):
     assert processes["scheduler:7"]["generation"] == gen
     assert any(k.startswith("collector:") and v["on"] is False for k, v in processes.items())
     sub.close()
+
+
+def test_a_request_that_ended_before_a_flip_is_exported_as_it_ran(collector):
+    col, sink, push = collector
+    on_gen = switch.generation + 1
+    assert admin_request(col.admin_address, ("flip", on_gen, True, list(switch.PARTS), {}))[0]
+    trace = _trace("r3", False)
+    trace.http.gen = on_gen  # served (and finished) while everything was on
+    gen = on_gen + 1
+    confirmed, _, _ = admin_request(col.admin_address, ("flip", gen, False, list(switch.PARTS), {}))
+    assert confirmed  # no peers to wait for
+    push.send(pickle.dumps(("api", "api", 11, ([to_wire(trace)], None))))  # arrives after the flip
+    _wait(lambda: sink.records)
+    assert sink.records[0]["rid"] == "r3"
+    later = _trace("r4", False)
+    later.http.gen = gen  # served while off (it would not even be shipped): no record
+    push.send(pickle.dumps(("api", "api", 11, ([to_wire(later)], None))))
+    time.sleep(0.2)
+    assert [r["rid"] for r in sink.records] == ["r3"]
