@@ -63,15 +63,17 @@ class CollectorClient:
     def _ship(self, traces: list[ApiTrace]) -> None:
         """Hand finished requests over; they leave ``LIVE`` now, whatever their status.
 
-        A request that did not start and end in the same switch generation is marked for discard (the
-        collector then also drops the other processes' events for it)."""
+        A request that did not start and end (its last body byte, not the app's return, which SGLang
+        delays) in the same switch generation is marked for discard (the collector then also drops
+        the other processes' events for it)."""
         out = []
         for trace in traces:
             if trace.closed:
                 continue
             trace.closed = True
             LIVE.pop(trace.rid, None)
-            if trace.http is not None and trace.http.gen != switch.generation:
+            http = trace.http
+            if http is not None and http.gen != (switch.generation if http.gen_end is None else http.gen_end):
                 trace.discard = True
             elif not _ship.on:
                 continue

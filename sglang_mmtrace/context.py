@@ -37,6 +37,7 @@ class HttpCtx:
         "path",
         "internal",
         "gen",
+        "gen_end",
     )
 
     def __init__(self, t_arrival: float, path: str) -> None:
@@ -53,6 +54,7 @@ class HttpCtx:
         self.traceparent: str | None = None
         self.internal = path in INTERNAL_PATHS  # SGLang's own health probes: joined, never reported
         self.gen = switch.generation  # recorded only if it ends in the same switch generation
+        self.gen_end: int | None = None  # the generation when the last body byte was sent
 
 
 class ApiTrace:

@@ -90,6 +90,7 @@ def _on_send(ctx: HttpCtx, message: dict) -> None:
             ctx.t_first_body = t
         if not message.get("more_body", False):
             ctx.t_last_body = t
+            ctx.gen_end = switch.generation
     elif mtype == "http.response.start":
         ctx.status_code = message.get("status")
 
