@@ -284,3 +284,118 @@ def test_procs_find_this_process_by_its_listening_port() -> None:
     found = procs.server_processes(os.getpid())
     assert found["api"] == [os.getpid()] and set(found) == set(procs.ROLES)
     assert (procs.cpu_seconds(os.getpid()) or 0) > 0 and procs.cpu_seconds(2**22 + 7) is None
+
+
+# -- the switch experiments end to end against a stand-in server --------------------------------------
+
+
+class FakeSwitchServer:
+    """A stand-in with the switch's HTTP contract and a streaming chat endpoint: it writes a record
+    (rid = the response id) to ``records`` for a request that arrives while on with ``jsonl``."""
+
+    def __init__(self, records: Path) -> None:
+        import http.server
+        import threading
+
+        self.records = records
+        self.switch: dict[str, Any] = {"on": True, "parts": list(PARTS), "generation": 0}
+        self.posts: list[dict[str, Any]] = []
+        self.n = 0
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _json(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._json(200, {"api": {}, "peers": {}, "switch": dict(fake.switch)})
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/mmtrace/enabled":
+                    if not isinstance(body.get("on"), bool):
+                        self._json(400, {"error": "bad body"})
+                        return
+                    with fake.lock:
+                        fake.posts.append(body)
+                        sw = fake.switch
+                        sw.update(on=body["on"], parts=list(body.get("parts") or PARTS), generation=sw["generation"] + 1)
+                        ans = {**sw, "processes": {"api:1": dict(sw), "scheduler:2": dict(sw), "detokenizer:3": dict(sw)}}
+                    self._json(200, ans)
+                    return
+                with fake.lock:
+                    fake.n += 1
+                    rid = f"rid-{fake.n}"
+                    traced = fake.switch["on"] and "jsonl" in fake.switch["parts"]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for chunk in (
+                    {"id": rid, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+                    {"id": rid, "choices": [{"index": 0, "delta": {"content": "x"}}]},
+                    {"id": rid, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": body["max_tokens"]}},
+                ):
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                if traced:
+                    with fake.lock, fake.records.open("a") as fh:
+                        fh.write(json.dumps({"rid": rid, "ttft_s": 0.001, "status": "ok"}) + "\n")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_switch_experiments_against_a_stand_in_server(tmp_path: Path) -> None:
+    from sglang_mmtrace.bench import driver
+    from sglang_mmtrace.bench.targets import Target
+
+    records = tmp_path / "records.jsonl"
+    records.touch()
+    fake = FakeSwitchServer(records)
+    fake.switch.update(on=True, parts=["http", "tokenizer"])  # found partly on: put back like that
+    try:
+        opts = Options(n=3, warmup=1, size=(32, 24), seed=9, concurrency=(3,), max_tokens=4,
+                       segment_s=0.6, segments=2, settle_s=0.2, timeout=10)  # fmt: skip
+        st = driver.Settings(experiments=[], opts=opts, records_timeout=5.0)
+        out = driver.Outcome()
+        target = Target("fake", fake.url, records, pid=os.getpid())
+        for name in ("overhead", "ablation", "throughput"):
+            driver.run_switched(target, name, st, out)
+            assert fake.switch["on"] is True and fake.switch["parts"] == ["http", "tokenizer"], name
+    finally:
+        fake.close()
+    ov = out.results["overhead"]
+    assert {k: v["n_pairs"] for k, v in ov["kinds"].items()} == {k: 3 for k in overhead.KINDS}
+    assert ov["records"] == {"on_ok": 9, "on_with_record": 9, "off_ok": 9, "off_with_record": 0}
+    lines = [ln for ln in out.lines if ln["bench"]["experiment"] == "overhead"]
+    assert len(lines) == 18 and all(ln["bench"]["record"] == (ln["bench"]["arm"] == "on") for ln in lines)
+    assert len({ln["bench"]["generation"] for ln in lines}) == 18  # one flip before every request
+    ab = out.results["ablation"]
+    assert ab["rounds"] == 3 and ab["requests_sent"] == 3 * 3 * 13
+    assert ab["records"]["expected"] == ab["records"]["expected_found"] == 3 * 3 * 4  # L9..L12 write records
+    assert ab["records"]["unexpected_found"] == 0
+    assert all(row[k]["n"] == 3 for row in ab["rows"] for k in overhead.KINDS)
+    tp = out.results["throughput"]
+    assert tp["config"]["clients"] == 3 and tp["config"]["max_tokens"] == 4
+    assert [s["arm"] for s in tp["segments"]] == ["on", "off", "off", "on"]
+    assert all(s["requests"] > 0 and s["output_tokens"] == 4 * s["requests"] for s in tp["segments"])
+    assert tp["summary"]["pairs"] == 2 and tp["errors_total"] == 0
+    assert tp["processes"]["api"] == [os.getpid()]
+    # every body the bench sent was valid for the contract: on + parts, or off
+    assert all(set(b) in ({"on"}, {"on", "parts"}) for b in fake.posts)
