@@ -13,6 +13,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,10 +162,12 @@ def caches_configs(st: Settings) -> list[LaunchConfig]:
     ]
 
 
-def run_crossover(st: Settings, out: Outcome) -> None:
+def run_crossover(st: Settings, out: Outcome, after_launch: Callable[[Outcome], None] | None = None) -> None:
     """overhead-crossover: server pairs (SGLANG_MMTRACE=1 / =0), started one after the other, the
     orientation (which arm's server starts first) alternating over ``2 * launches`` launches; then
-    the A/A control (both =0) the same way. Stops launching when the deadline would be passed."""
+    the A/A control (both =0) the same way. Stops launching when the deadline would be passed.
+    ``out.results["overhead-crossover"]`` is brought up to date after every launch, and
+    ``after_launch(out)`` called (a driver with a hard time limit saves it there)."""
     name = "overhead-crossover"
     cfg = st.launch[0] if st.launch else default_config(st.gpu)
     folder = _folder(st)
@@ -203,13 +206,12 @@ def run_crossover(st: Settings, out: Outcome) -> None:
         lines += lr.lines
         launches.append({"run": run_name, "orientation": orientation, "startup_s": lr.startup_s,
                          "health_last_round": lr.health[-1] if lr.health else None})  # fmt: skip
+        out.results[name] = {**oh.crossover_summary(lines), "launches": launches, "rounds_per_launch": n, "config": cfg.label}
+        if after_launch is not None:
+            after_launch(out)
     out.lines += lines
-    result = oh.crossover_summary(lines)
-    result["launches"] = launches
-    result["rounds_per_launch"] = n
-    result["config"] = cfg.label
-    out.results[name] = result
-    out.notes += oh.crossover_notes(result)
+    out.results.setdefault(name, {"launches": launches, "rounds_per_launch": n, "config": cfg.label})
+    out.notes += oh.crossover_notes(out.results[name])
 
 
 def run(st: Settings) -> Outcome:
