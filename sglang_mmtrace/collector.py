@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any, Protocol
 
-from . import telemetry
+from . import switch, telemetry
 from .config import Config
 from .context import LIVE, ApiTrace, HttpCtx
 from .record import EmitContext, StageEvent, coverage, stage_dicts
@@ -26,19 +26,49 @@ from .stages import API, ROOT
 logger = logging.getLogger("sglang_mmtrace")
 
 POLL_MS = 50
+IDLE_POLL_MS = 1000
+"""While the switch is off and nothing is waiting: how long the collector thread sleeps between looks."""
+FLIP_TIMEOUT_S = 5.0
+FLIP_RESEND_S = 0.2
 HEALTH_INTERVAL_S = 1.0
 ORPHAN_TTL_S = 30.0
 DONE_MEMORY = 4096
 LAST_REMOTE_STAGES = ("scheduler.output", "detokenize")
 
 
+_ship = switch.gate("ship")
+_records = switch.gate("records")
+
+
 class Sink(Protocol):
+    PART: str  # the switch part that gates it
+
     def emit(self, record: dict[str, Any], ctx: EmitContext) -> None: ...
 
 
-def collector_address() -> str:
-    name = f"sglang-mmtrace-{os.getpid()}-{uuid.uuid4().hex[:8]}.ipc"
+def collector_address(kind: str = "events") -> str:
+    name = f"sglang-mmtrace-{os.getpid()}-{kind}-{uuid.uuid4().hex[:8]}.ipc"
     return "ipc://" + os.path.join(tempfile.gettempdir(), name)
+
+
+class FlipPublisher:
+    """The API process's end of the switch: a PUB socket the schedulers and detokenizer subscribe to.
+
+    Bound at install, used only by the HTTP handler of ``POST /mmtrace/enabled`` (the event loop).
+    """
+
+    def __init__(self, address: str | None = None) -> None:
+        import zmq
+
+        self.address = address or collector_address("control")
+        self._sock = zmq.Context.instance().socket(zmq.PUB)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(self.address)
+        self._lock = threading.Lock()
+
+    def publish(self, setting: switch.Setting, gen: int) -> None:
+        with self._lock:
+            self._sock.send(pickle.dumps((gen, setting.on, setting.parts)))
 
 
 class Collector:
@@ -54,6 +84,9 @@ class Collector:
         self._done: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._peers: dict[str, dict[str, Any]] = {}
         self._records = 0
+        self._discarded = 0  # requests that crossed a switch flip: no record
+        self.control = FlipPublisher()
+        self.last_flip = float("-inf")  # perf_counter time of the last flip
         self._unix_offset = time.time() - time.perf_counter()
         self._last_health = 0.0
         self.metrics_started = False
@@ -65,17 +98,49 @@ class Collector:
         self._thread.start()
         self._ready.wait(5.0)
 
-    def add_sink(self, sink: Sink, first: bool = False) -> None:
+    def add_sink(self, sink: Sink) -> None:
         """Sinks may arrive after start (metrics need SGLang's server args); list swaps are atomic."""
-        self.sinks = [sink, *self.sinks] if first else [*self.sinks, sink]
+        self.sinks = [*self.sinks, sink]
 
     def finish(self, trace: ApiTrace) -> None:
-        """Hand a finished request over; it leaves ``LIVE`` now, whatever its status."""
+        """Hand a finished request over; it leaves ``LIVE`` now, whatever its status.
+
+        A request that did not start and end in the same switch generation is marked for discard
+        (the collector also drops the other processes' events for it)."""
         if trace.closed:
             return
         trace.closed = True
         LIVE.pop(trace.rid, None)
+        if trace.http is not None and trace.http.gen != switch.generation:
+            trace.discard = True
+        elif not _ship.on:
+            return
         self._finished.append(trace)
+
+    async def flip(self, setting: switch.Setting) -> tuple[bool, dict[str, Any]]:
+        """Apply a setting here, publish it, and wait until every peer process confirms it.
+
+        Returns ``(all confirmed, per-process state)``; runs on the event loop (``POST /mmtrace/enabled``).
+        """
+        import asyncio
+
+        gen = switch.generation + 1
+        switch.apply(setting, gen)
+        self.last_flip = time.perf_counter()
+        deadline = time.monotonic() + FLIP_TIMEOUT_S
+        sent = 0.0
+        while True:
+            missing = [key for key, hb in self._peers.items() if (hb.get("switch") or {}).get("generation") != gen]
+            t = time.monotonic()
+            if not missing or t >= deadline:
+                break
+            if t - sent >= FLIP_RESEND_S:  # a subscriber that connected late missed the first one
+                self.control.publish(setting, gen)
+                sent = t
+            await asyncio.sleep(0.002)
+        processes = {f"api:{os.getpid()}": switch.snapshot()}
+        processes.update({key: hb.get("switch") for key, hb in self._peers.items()})
+        return not missing, {**switch.snapshot(), "processes": processes, **({"missing": missing} if missing else {})}
 
     def finish_http(self, http: HttpCtx) -> None:
         for trace in http.traces:
@@ -94,7 +159,8 @@ class Collector:
         poller.register(sock, zmq.POLLIN)
         while True:
             try:
-                if poller.poll(POLL_MS):
+                idle = not switch.GATES["records"].on and not self._waiting and not self._finished
+                if poller.poll(IDLE_POLL_MS if idle else POLL_MS):
                     while True:
                         try:
                             raw = sock.recv(zmq.NOBLOCK)
@@ -127,6 +193,10 @@ class Collector:
         q = self._finished
         while q:
             trace = q.popleft()
+            if trace.discard or not _records.on:
+                self._forget(trace.rid)
+                self._discarded += trace.discard
+                continue
             wait = self.cfg.grace_s if trace.dispatched else 0.0
             self._waiting.append((time.perf_counter() + wait, trace))
 
@@ -144,7 +214,10 @@ class Collector:
             if t - seen > ORPHAN_TTL_S and rid not in LIVE:  # a live request may be slow (cold JIT)
                 self._remote_seen.pop(rid, None)
                 if self._remote.pop(rid, None) is not None:
-                    telemetry.drop("orphan_events")
+                    if abs(seen - self.last_flip) < ORPHAN_TTL_S:
+                        self._discarded += 1  # its API side arrived while the switch was off
+                    else:
+                        telemetry.drop("orphan_events")
 
     def _last_stages(self) -> tuple[str, ...]:
         """The last stages a request waits for: ``detokenize`` only once a detokenizer has reported."""
@@ -152,12 +225,17 @@ class Collector:
             return LAST_REMOTE_STAGES
         return LAST_REMOTE_STAGES[:1]
 
-    def _emit(self, trace: ApiTrace) -> None:
-        remote = self._remote.pop(trace.rid, [])
-        self._remote_seen.pop(trace.rid, None)
-        self._done[trace.rid] = None
+    def _forget(self, rid: str) -> list[StageEvent]:
+        """The rid is done: its remote events are returned once, and later ones are ignored."""
+        remote = self._remote.pop(rid, [])
+        self._remote_seen.pop(rid, None)
+        self._done[rid] = None
         while len(self._done) > DONE_MEMORY:
             self._done.popitem(last=False)
+        return remote
+
+    def _emit(self, trace: ApiTrace) -> None:
+        remote = self._forget(trace.rid)
         if trace.http is not None and trace.http.internal:
             return
         try:
@@ -169,6 +247,8 @@ class Collector:
         parent = trace.sglang_traceparent or (trace.http.traceparent if trace.http is not None else None)
         ctx = EmitContext(parent, self._pids(remote))
         for sink in self.sinks:
+            if not switch.on(sink.PART):
+                continue
             try:
                 sink.emit(record, ctx)
             except Exception as exc:
@@ -192,7 +272,7 @@ class Collector:
         totals = None
         for sink in self.sinks:
             sync = getattr(sink, "sync_health", None)
-            if sync is not None:
+            if sync is not None and switch.on(sink.PART):
                 totals = totals or health_totals(
                     {"errors": telemetry.errors, "dropped": telemetry.dropped}, self._peers
                 )
@@ -209,6 +289,8 @@ class Collector:
                 "finishing": len(self._finished) + len(self._waiting),
                 "remote_pending": len(self._remote),
                 "records": self._records,
+                "switch_discarded": self._discarded,
+                "switch": switch.snapshot(),
                 "errors": dict(telemetry.errors),
                 "dropped": dict(telemetry.dropped),
             },

@@ -11,6 +11,7 @@ import contextvars
 import time
 from typing import Any
 
+from . import switch
 from .record import StageEvent
 from .stages import API
 
@@ -35,6 +36,7 @@ class HttpCtx:
         "traceparent",
         "path",
         "internal",
+        "gen",
     )
 
     def __init__(self, t_arrival: float, path: str) -> None:
@@ -50,6 +52,7 @@ class HttpCtx:
         self.pre_events: list[StageEvent] = []
         self.traceparent: str | None = None
         self.internal = path in INTERNAL_PATHS  # SGLang's own health probes: joined, never reported
+        self.gen = switch.generation  # recorded only if it ends in the same switch generation
 
 
 class ApiTrace:
@@ -79,6 +82,7 @@ class ApiTrace:
         "sglang_traceparent",
         "error_class",
         "content",
+        "discard",
     )
 
     def __init__(self, rid: str, http: HttpCtx | None, model: str, t_created: float) -> None:
@@ -105,6 +109,7 @@ class ApiTrace:
         self.sglang_traceparent: str | None = None  # SGLang's own root span, when --enable-trace is on
         self.error_class: str | None = None  # exception class that failed the request in a hook's target
         self.content: dict[str, Any] | None = None  # prompt and image URLs, only with CAPTURE_CONTENT=1
+        self.discard = False  # crossed a switch flip: no record
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
         self.events.append(StageEvent(name, API, t0, t1, clock, attrs or {}))

@@ -28,6 +28,9 @@ OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 SGLANG_MMTRACE_COLLECTOR = "SGLANG_MMTRACE_COLLECTOR"
 """ZMQ address of the API process's collector (internal; set by the plugin, inherited by children)."""
 
+SGLANG_MMTRACE_CONTROL = "SGLANG_MMTRACE_CONTROL"
+"""ZMQ address on which the API process publishes runtime-switch flips to the other processes (internal)."""
+
 SGLANG_MMTRACE_COLLECTOR_OWNER = "SGLANG_MMTRACE_COLLECTOR_OWNER"
 """PID of the process that owns the collector (internal)."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import config
+from . import config, switch
 from .stages import STAGES
 
 DOMAIN = "sglang_mmtrace"
@@ -28,6 +28,8 @@ GROUP_COLORS = {
 """One colour per stage group (ARGB without alpha)."""
 
 domain: Any = None
+"""The attached domain while the switch's ``nvtx`` part is on, else None (hooks test this)."""
+_attached: Any = None
 _attrs: dict[str, Any] = {}
 
 
@@ -43,8 +45,16 @@ def setup() -> bool:
     d = nvtx.get_domain(DOMAIN)
     if type(d).__name__ == "DummyDomain":
         return False
-    domain = d
+    global _attached
+    _attached = domain = d
+    switch.LISTENERS.append(_follow_switch)
     return True
+
+
+def _follow_switch() -> None:
+    """No new ranges while ``nvtx`` is off; ranges already open are still closed (pop/end use the domain they were opened on)."""
+    global domain
+    domain = _attached if switch.on("nvtx") else None
 
 
 def color(stage: str) -> int:
@@ -55,8 +65,13 @@ def push(stage: str, detail: str) -> None:
     domain.push_range(message=f"{stage} {detail}" if detail else stage, color=color(stage))
 
 
+def _opened_on() -> Any:
+    """The domain open ranges were pushed on (still there after the switch hid ``domain``)."""
+    return domain if domain is not None else _attached
+
+
 def pop() -> None:
-    domain.pop_range()
+    _opened_on().pop_range()
 
 
 def start(stage: str, detail: str) -> Any:
@@ -65,7 +80,7 @@ def start(stage: str, detail: str) -> Any:
 
 
 def end(range_id: Any) -> None:
-    domain.end_range(range_id)
+    _opened_on().end_range(range_id)
 
 
 def rids_detail(rids: Any) -> str:

@@ -2,7 +2,9 @@
 
 The hot path only appends a tuple to a deque. A daemon thread drains it every 50 ms and
 sends one non-blocking ZMQ message; when the collector is slow or gone, messages are dropped and
-counted, never waited for.
+counted, never waited for. The same thread applies the runtime switch's flips, which the API
+process publishes on its control socket, and confirms each with a heartbeat; while the switch is
+off it blocks on that socket.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from . import telemetry
+from . import switch, telemetry
 
 FLUSH_INTERVAL_S = 0.05
 """Long enough that waking this thread (and taking the GIL from the scheduler loop) is rare."""
@@ -25,8 +27,9 @@ Event = tuple[Any, str, float, float, str, dict[str, Any]]
 
 
 class Outbox:
-    def __init__(self, address: str, process: str) -> None:
+    def __init__(self, address: str, process: str, control_address: str | None = None) -> None:
         self.address = address
+        self.control_address = control_address
         self.process = process
         self._q: collections.deque[Event] = collections.deque()
         self._thread: threading.Thread | None = None
@@ -54,10 +57,24 @@ class Outbox:
         sock.setsockopt(zmq.SNDHWM, 10000)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
+        poller = zmq.Poller()
+        control = None
+        if self.control_address:
+            control = ctx.socket(zmq.SUB)
+            control.setsockopt(zmq.SUBSCRIBE, b"")
+            control.setsockopt(zmq.LINGER, 0)
+            control.connect(self.control_address)
+            poller.register(control, zmq.POLLIN)
         pid = os.getpid()
         last_hb = 0.0
         while True:
-            time.sleep(FLUSH_INTERVAL_S)
+            # Switch off and nothing queued: block until the next flip (no wake-ups, no GIL).
+            idle = not self._q and not any(g.on for g in switch.GATES.values())
+            flipped = False
+            if control is None:
+                time.sleep(FLUSH_INTERVAL_S)
+            elif poller.poll(None if idle else FLUSH_INTERVAL_S * 1000):
+                flipped = self._apply_flips(control)
             batch: list[Event] = []
             q = self._q
             while q:
@@ -66,7 +83,7 @@ class Outbox:
             if batch:
                 msgs.append(("ev", self.process, pid, batch))
             t = time.monotonic()
-            if t - last_hb >= HEARTBEAT_INTERVAL_S:
+            if flipped or (t - last_hb >= HEARTBEAT_INTERVAL_S and not idle):
                 last_hb = t
                 msgs.append(("hb", self.process, pid, self.health()))
             for msg in msgs:
@@ -78,10 +95,29 @@ class Outbox:
                 except Exception as exc:  # never let the shipping thread die
                     telemetry.contained("outbox", exc)
 
+    @staticmethod
+    def _apply_flips(control: Any) -> bool:
+        """Apply every flip waiting on the control socket (the newest wins); True if one was read."""
+        import zmq
+
+        got = False
+        while True:
+            try:
+                gen, on, parts = pickle.loads(control.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return got
+            except Exception as exc:
+                telemetry.contained("outbox.control", exc)
+                continue
+            got = True
+            if gen != switch.generation:
+                switch.apply(switch.Setting(on, tuple(parts)), gen)
+
     def health(self) -> dict[str, Any]:
         return {
             "errors": dict(telemetry.errors),
             "dropped": dict(telemetry.dropped),
             "queued_events": len(self._q),
+            "switch": switch.snapshot(),
             **{k: (v() if callable(v) else v) for k, v in self.pending_gauges.items()},
         }

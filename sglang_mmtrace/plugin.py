@@ -12,9 +12,10 @@ import os
 import sys
 from typing import Any
 
-from . import config, runtime
+from . import config, runtime, switch
 from . import environment_variables as ev
 from .hooks import registry
+from .hooks.base import gated
 from .manifest import HookEntry, Manifest
 from .manifest import load as load_manifest
 from .package import sglang_version
@@ -115,7 +116,7 @@ def install(role: str | None = None) -> str | None:
             return role
         from .outbox import Outbox
 
-        runtime.outbox = Outbox(address, role)
+        runtime.outbox = Outbox(address, role, os.environ.get(ev.SGLANG_MMTRACE_CONTROL))
         runtime.outbox.start()
     from . import nvtx_ranges
 
@@ -150,6 +151,7 @@ def _start_collector(cfg: config.Config, version: str) -> None:
     collector.start()
     runtime.collector = collector
     os.environ[ev.SGLANG_MMTRACE_COLLECTOR] = collector.address
+    os.environ[ev.SGLANG_MMTRACE_CONTROL] = collector.control.address
     os.environ[ev.SGLANG_MMTRACE_COLLECTOR_OWNER] = str(os.getpid())
 
 
@@ -200,7 +202,11 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
             if spec.install is not None:
                 runtime.uninstallers.append(spec.install(getattr(res.owner, res.attr)))
             else:
-                runtime.applied.append(apply(entry.hook_id, entry.target, spec.make(entry.kind)))
+                wrapper = spec.make(entry.kind)
+                part = registry.PART_OF[entry.hook_id]
+                if part is not None:
+                    wrapper = gated(switch.gate(part), wrapper)
+                runtime.applied.append(apply(entry.hook_id, entry.target, wrapper))
         except Exception as exc:
             runtime.missing.append((entry.hook_id, entry.target, f"apply failed: {exc!r}"))
             _warn("hook %s -> %s failed to apply: %r", entry.hook_id, entry.target, exc)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import config, runtime
+from . import config, runtime, switch
 
 now = time.perf_counter
+_ship = switch.gate("ship")
 
 
 class ReqTrace:
@@ -40,7 +41,7 @@ class Clock:
         self.ref: Any = None
         self.t_ref = 0.0
         cfg = config.get()
-        if cfg.gpu_timing:
+        if cfg.gpu_timing and switch.on("cuda_events"):
             try:
                 import torch
 
@@ -119,5 +120,5 @@ last_stream_end = 0.0
 
 def emit(rids: Any, stage: str, t0: float, t1: float, clock: str = "host", attrs: dict[str, Any] | None = None) -> None:
     box = runtime.outbox
-    if box is not None:
+    if box is not None and _ship.on:
         box.add(rids, stage, t0, t1, clock, attrs)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import nvtx_ranges
+from ..switch import Gate
 from ..telemetry import contained, maybe_inject
 
 now = time.perf_counter
@@ -28,12 +29,29 @@ class HookSpec:
     """What a hook module offers for one manifest hook id.
 
     ``make(kind)`` returns a wrapt wrapper for a target of that kind; ``install(obj)`` is for
-    targets that are objects rather than callables (the ASGI app).
+    targets that are objects rather than callables (the ASGI app). ``gated=False`` for hooks that
+    set the plugin up rather than measure (they keep working while the switch is off).
     """
 
     component: str
     make: Callable[[str], Wrapper] | None = None
     install: Callable[[Any], Callable[[], None]] | None = None
+    gated: bool = True
+
+
+def gated(gate: Gate, wrapper: Wrapper) -> Wrapper:
+    """``wrapper`` while the gate is on, the bare call while it is off.
+
+    A plain function for every kind: for a coroutine target it returns the coroutine (of the
+    wrapper or of the target) for the caller to await, so the switch adds no frame to the await.
+    """
+
+    def switch_wrapper(wrapped, instance, args, kwargs):
+        if gate.on:
+            return wrapper(wrapped, instance, args, kwargs)
+        return wrapped(*args, **kwargs)
+
+    return switch_wrapper
 
 
 def guarded(component: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -107,6 +107,8 @@ def _stream_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     ss.last_stream_end = t1
 
 
+PART = "scheduler"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
     "output_streamer.stream_output": interval("output_streamer.stream_output", _stream_exit),
     "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=("scheduler.output", _output_detail)),

@@ -30,6 +30,8 @@ def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     return nvtx_ranges.rids_detail(st[0]) if st else None
 
 
+PART = "detokenizer"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
     "detokenizer.handle_batch": interval("detokenizer.handle_batch", _exit, _enter, nvtx=("detokenize", _detail)),
 }

@@ -62,6 +62,8 @@ def _make(kind: str) -> Wrapper:
     return wrapper
 
 
+PART = "detokenizer"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
-    "detokenizer.bootstrap_legacy": HookSpec("detokenizer.bootstrap_legacy", make=_make),
+    "detokenizer.bootstrap_legacy": HookSpec("detokenizer.bootstrap_legacy", make=_make, gated=False),
 }

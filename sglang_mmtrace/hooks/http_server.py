@@ -1,18 +1,23 @@
 """FastAPI app (api process): request arrival, first/last body bytes written, disconnects.
 
 A pure-ASGI middleware, so the first chunk's time is the real ``send`` of the body, not the
-generator's yield. It also serves ``GET /mmtrace/state`` (the plugin's own per-process state).
+generator's yield. It also serves the plugin's own endpoints: ``GET /mmtrace/state`` (per-process
+state) and ``POST /mmtrace/enabled`` (the runtime switch, ``switch.py``); both work while the switch
+is off.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from .. import runtime
+from .. import runtime, switch
 from ..context import HttpCtx, current_http, now
 from .base import HookSpec, guarded
 
 STATE_PATH = "/mmtrace/state"
+ENABLED_PATH = "/mmtrace/enabled"
+_http = switch.gate("http")
 
 
 COMPONENT = "http_server.app"
@@ -28,8 +33,15 @@ class MmtraceMiddleware:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        if scope.get("path") == STATE_PATH:
+        path = scope.get("path")
+        if path == STATE_PATH:
             await _serve_state(send)
+            return
+        if path == ENABLED_PATH and scope.get("method") == "POST":
+            await _serve_enabled(receive, send)
+            return
+        if not _http.on:
+            await self.app(scope, receive, send)
             return
         ctx = guarded(COMPONENT, _open, scope)
         if ctx is None:
@@ -82,12 +94,34 @@ def _on_send(ctx: HttpCtx, message: dict) -> None:
         ctx.status_code = message.get("status")
 
 
-async def _serve_state(send: Any) -> None:
-    import json
-
-    body = json.dumps(runtime.collector.state() if runtime.collector else {}).encode()
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+async def _respond(send: Any, status: int, payload: Any) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _serve_state(send: Any) -> None:
+    await _respond(send, 200, runtime.collector.state() if runtime.collector else {})
+
+
+async def _serve_enabled(receive: Any, send: Any) -> None:
+    """``{"on": bool, "parts": [...]?}``: 200 once every process applied it, 504 if one did not confirm."""
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if message.get("type") != "http.request" or not message.get("more_body", False):
+            break
+    try:
+        setting = switch.Setting.parse(json.loads(b"".join(chunks) or b"null"))
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        await _respond(send, 400, {"error": str(exc), "parts": list(switch.PARTS)})
+        return
+    if runtime.collector is None:
+        await _respond(send, 503, {"error": "the plugin is not installed in this process"})
+        return
+    confirmed, state = await runtime.collector.flip(setting)
+    await _respond(send, 200 if confirmed else 504, state)
 
 
 def _install(app: Any) -> Any:
@@ -99,5 +133,7 @@ def _install(app: Any) -> Any:
 
     return uninstall
 
+
+PART = "http"  # the switch part that gates these hooks
 
 HOOKS = {"http_server.app": HookSpec("http_server.app", install=_install)}

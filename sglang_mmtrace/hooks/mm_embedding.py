@@ -75,6 +75,8 @@ def _vit_wrapper(kind: str) -> Wrapper:
     return wrapper
 
 
+PART = "scheduler"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
     "mm_embedding.prepare": marked("mm_embedding.prepare", "embed", "model.embed", _scan_and_name),
     "mm_embedding.vision_encoder": HookSpec("mm_embedding.vision_encoder", make=_vit_wrapper),

@@ -41,6 +41,8 @@ def _routine_wrapper(kind: str) -> Wrapper:
     return wrapper
 
 
+PART = "scheduler"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
     "mm_embedding.routine_legacy": HookSpec("mm_embedding.routine_legacy", make=_routine_wrapper),
     # the batch was scanned by the routine hook: only mark the embedding call

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextvars
 import threading
+from dataclasses import replace
 from typing import Any
 
 from ..context import ApiTrace, current_trace
@@ -153,8 +154,10 @@ def _nv(stage: str) -> tuple[str, Any]:
     return (stage, _traced_rid)
 
 
+PART = "mm"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
-    "mm_processor.init": interval("mm_processor.init", _init_exit),
+    "mm_processor.init": replace(interval("mm_processor.init", _init_exit), gated=False),
     "mm_processor.process": interval("mm_processor.process", _process_exit, nvtx=_nv("mm.process")),
     "mm_processor.load": interval("mm_processor.load", _load_exit, nvtx=_nv("mm.load")),
     "mm_processor.preprocess_cache": interval(

@@ -28,7 +28,7 @@ import contextvars
 import threading
 from typing import Any
 
-from .. import config
+from .. import config, switch
 from ..context import ApiTrace, current_trace
 from .base import HookSpec, arg, interval
 
@@ -278,7 +278,7 @@ def _ipc_start(instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _events_start(instance: Any) -> Any:
-    if not config.get().gpu_timing or _trace() is None:
+    if not (config.get().gpu_timing and switch.on("cuda_events")) or _trace() is None:
         return None
     import torch
 
@@ -317,6 +317,8 @@ def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
     outcome = "cpu_fallback" if type(result).__name__ == "Tensor" else "cuda_ipc"  # pool full -> tensor.cpu()
     c.ipc.append((t0, t1, int(tensor.nbytes), outcome, *_end_event(ev)))
 
+
+PART = "mm"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
     "mm_processor.request_legacy": interval("mm_processor.request_legacy", _request_exit, _request_enter),

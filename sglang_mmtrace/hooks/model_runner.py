@@ -56,6 +56,8 @@ def marked(
     return HookSpec(component, make=make)
 
 
+PART = "scheduler"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
     "model_runner.forward": marked("model_runner.forward", "fwd", "model.prefill"),
     "model_runner.sample": marked("model_runner.sample", "sample", "model.sample"),

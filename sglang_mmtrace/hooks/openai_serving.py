@@ -29,6 +29,8 @@ def _convert_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         )
 
 
+PART = "http"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
     "openai_serving.handle_request": before("openai_serving.handle_request", _handle_request),
     "openai_serving.convert": interval(

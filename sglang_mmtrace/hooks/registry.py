@@ -21,6 +21,8 @@ from . import (
 from .base import HookSpec
 
 HOOKS: dict[str, HookSpec] = {}
+PART_OF: dict[str, str | None] = {}
+"""hook id -> the switch part that gates it (None: set-up hooks, never gated)."""
 for _module in (
     http_server,
     openai_serving,
@@ -39,3 +41,4 @@ for _module in (
     detokenizer_legacy,
 ):
     HOOKS.update(_module.HOOKS)
+    PART_OF.update({hook_id: _module.PART if spec.gated else None for hook_id, spec in _module.HOOKS.items()})

@@ -69,6 +69,8 @@ def _match_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     return f"rid={instance.rid}" if tr is not None and not tr.admitted else None
 
 
+PART = "scheduler"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
     "schedule_batch.match": interval(
         "schedule_batch.match", _match_exit, nvtx=("scheduler.prefix_match", _match_detail)

@@ -56,6 +56,8 @@ def _forward_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     return nvtx_ranges.rids_detail(ctx.rids) if ctx is not None else None
 
 
+PART = "scheduler"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
     "scheduler.recv_requests": interval("scheduler.recv_requests", _recv_exit),
     "scheduler.add_to_queue": interval("scheduler.add_to_queue", _enqueue_exit),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .. import config, runtime
@@ -153,8 +154,10 @@ def _rid_of(index: int, name: str):
     return detail
 
 
+PART = "tokenizer"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
-    "tokenizer_manager.init": interval("tokenizer_manager.init", _tm_init_exit),
+    "tokenizer_manager.init": replace(interval("tokenizer_manager.init", _tm_init_exit), gated=False),
     "tokenizer_manager.init_req_state": interval("tokenizer_manager.init_req_state", _init_exit),
     "tokenizer_manager.tokenize": interval(
         "tokenizer_manager.tokenize", _tokenize_exit, _enter_request, nvtx=("tokenize", _rid_of(0, "obj"))

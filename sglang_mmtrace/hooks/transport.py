@@ -59,6 +59,8 @@ def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     return f"rid={obj.rid}" if _items(obj) and getattr(obj, "rid", None) in LIVE else None
 
 
+PART = "mm"  # the switch part that gates these hooks
+
 HOOKS: dict[str, HookSpec] = {
     "transport.wrap_shm_features": interval(
         "transport.wrap_shm_features", _exit, _enter, nvtx=("transport.prepare", _detail)

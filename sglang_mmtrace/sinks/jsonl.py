@@ -17,6 +17,8 @@ from .. import telemetry
 
 
 class JsonlSink:
+    PART = "jsonl"  # the switch part that gates this sink
+
     def __init__(self, path: str) -> None:
         self.path = path
         parent = os.path.dirname(os.path.abspath(path))

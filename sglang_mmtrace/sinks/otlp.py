@@ -118,6 +118,8 @@ class _BoundedBatchProcessor(SpanProcessor):
 
 
 class OtlpSink:
+    PART = "otlp"  # the switch part that gates this sink
+
     def __init__(
         self, endpoint: str, protocol: str, sample: float, service_name: str = "sglang", exporter: Any = None
     ) -> None:

@@ -63,6 +63,8 @@ def prefix_label(rec: dict[str, Any]) -> str:
 
 
 class PrometheusSink:
+    PART = "prometheus"  # the switch part that gates this sink
+
     def __init__(self, registry: Any = None, port: int | None = None) -> None:
         import prometheus_client as pc
 

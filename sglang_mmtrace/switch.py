@@ -1,0 +1,114 @@
+"""The runtime switch: every part of the plugin on or off, in every process, without a restart.
+
+``POST /mmtrace/enabled {"on": false}`` (API process) turns every hook into a pass-through and idles
+the plugin's background threads; ``{"on": true}`` turns it back on; ``{"on": true, "parts": [...]}``
+enables only the named parts (the overhead ablation). The API process applies it at once and
+publishes it to the schedulers and the detokenizer, which apply it and confirm with their next
+heartbeat; the HTTP answer waits for every confirmation.
+
+Hot path: a hook reads one attribute (``Gate.on``) before doing anything. Each flip starts a new
+``generation``; a request is recorded only if it started and ended in the same generation, so no
+record is half-built across a flip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PARTS: tuple[str, ...] = (
+    "http",
+    "tokenizer",
+    "mm",
+    "scheduler",
+    "detokenizer",
+    "cuda_events",
+    "ship",
+    "records",
+    "jsonl",
+    "prometheus",
+    "otlp",
+    "nvtx",
+)
+"""Every part the switch controls, in stack order (each needs the ones before it to record anything)."""
+
+DESCRIPTION: dict[str, str] = {
+    "http": "ASGI middleware and OpenAI-layer hooks (api)",
+    "tokenizer": "TokenizerManager hooks (api)",
+    "mm": "multimodal processor and feature transport hooks (api)",
+    "scheduler": "scheduler hooks: receive, queue, radix match, batch, forward, output (scheduler)",
+    "detokenizer": "detokenizer hooks (detokenizer)",
+    "cuda_events": "GPU stages timed by CUDA events instead of the host clock (api, scheduler)",
+    "ship": "hooks hand their events on to the collector (all processes)",
+    "records": "the collector joins events and builds records",
+    "jsonl": "JSONL sink",
+    "prometheus": "Prometheus sink",
+    "otlp": "OTLP sink",
+    "nvtx": "NVTX ranges (only pushed when an NVTX tool is attached)",
+}
+
+
+class Gate:
+    """One part's switch; hooks close over it and read ``on`` first."""
+
+    __slots__ = ("name", "on")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.on = True
+
+
+GATES: dict[str, Gate] = {name: Gate(name) for name in PARTS}
+LISTENERS: list[Callable[[], None]] = []
+"""Called after every applied flip (parts that keep state of their own, e.g. the NVTX domain)."""
+generation = 0
+"""Bumped by every applied flip (the API process sets it; peers copy the API's number)."""
+
+
+def gate(part: str) -> Gate:
+    return GATES[part]
+
+
+def on(part: str) -> bool:
+    return GATES[part].on
+
+
+@dataclass(frozen=True)
+class Setting:
+    on: bool
+    parts: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, body: Any) -> Setting:
+        """``{"on": bool, "parts": [names]?}`` -> Setting; raises ValueError on anything else."""
+        if not isinstance(body, dict) or not isinstance(body.get("on"), bool):
+            raise ValueError('expected a JSON object {"on": true|false, "parts": [...]?}')
+        parts = body.get("parts")
+        if parts is None:
+            parts = PARTS
+        if not isinstance(parts, list | tuple) or not all(isinstance(p, str) for p in parts):
+            raise ValueError('"parts" must be a list of part names')
+        unknown = sorted(set(parts) - set(PARTS))
+        if unknown:
+            raise ValueError(f"unknown parts {unknown}; known: {list(PARTS)}")
+        return cls(body["on"], tuple(p for p in PARTS if p in parts))
+
+
+def apply(setting: Setting, gen: int) -> None:
+    """Set every gate of this process (any thread; each store is atomic under the GIL)."""
+    global generation
+    for name, g in GATES.items():
+        g.on = setting.on and name in setting.parts
+    generation = gen
+    for listener in LISTENERS:
+        listener()
+
+
+def current() -> Setting:
+    return Setting(any(g.on for g in GATES.values()), tuple(n for n, g in GATES.items() if g.on))
+
+
+def snapshot() -> dict[str, Any]:
+    s = current()
+    return {"on": s.on, "parts": list(s.parts), "generation": generation}
