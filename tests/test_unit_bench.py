@@ -314,7 +314,7 @@ class FakeSwitchServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802
-                self._json(200, {"api": {}, "peers": {}, "switch": dict(fake.switch)})
+                self._json(200, {"api": {"switch": dict(fake.switch)}, "peers": {}})
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

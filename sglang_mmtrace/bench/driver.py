@@ -105,7 +105,8 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
             pid = target.pid or st.server_pid or pid_listening_on(host_port(target.base_url)[1])
             result = tp.run_throughput(target.base_url, flipper, opts, pid)
         if plan:
-            sent = run_sequential(target, plan, opts, name, route=oh.switch_route(flipper), max_failures=max(5, len(plan) // 20))
+            route = oh.switch_route(flipper, gap_s=opts.gap_s)
+            sent = run_sequential(target, plan, opts, name, route=route, max_failures=max(5, len(plan) // 20))
     finally:
         flipper.restore()
     if name == "throughput":
@@ -129,7 +130,8 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
         result["requests_sent"] = sum(1 for p, _ in sent if not p.warmup)
     result["target"] = target.label
     result["records_known"] = target.records is not None
-    result["switch_flips"] = flipper.flips
+    result["switch"] = flipper.stats()
+    result["gap_s"] = opts.gap_s
     out.results[_result_key(out, name, target)] = result
 
 

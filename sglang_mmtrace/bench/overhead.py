@@ -3,8 +3,10 @@
 Two ways to get the arms, one plan and one analysis:
 
 - ``overhead`` (same instance): one server with the plugin installed; the plugin's runtime switch
-  (``POST /mmtrace/enabled``) is flipped before each request, outside the timed region. Instance-
-  to-instance differences (5-15% of TTFT between two servers on the H200) cancel.
+  (``POST /mmtrace/enabled``) is flipped before each request, outside the timed region, once the
+  plugin is done with the previous request, and every request starts the same idle gap after the
+  previous one ended (``switch_route``). Instance-to-instance differences (5-15% of TTFT between
+  two servers on the H200) cancel.
 - ``overhead-crossover`` (installed vs not installed at all): two servers, ``SGLANG_MMTRACE=1`` and
   ``=0``, started one after the other and alive together; the server not being measured is paused
   (SIGSTOP) on a CPU. Launches alternate the orientation (which arm's server starts first); each
@@ -111,14 +113,20 @@ def paired_plan(
 # -- same instance: the runtime switch ------------------------------------------------------------
 
 
-def switch_route(flipper: Flipper, parts: tuple[str, ...] = PARTS) -> Callable[[Planned], str]:
-    """Before each request: set the switch for its arm (``extra["parts"]`` for an ablation level),
-    keep the switch's generation in the request's ``extra``; return the server's URL."""
+def switch_route(flipper: Flipper, gap_s: float = 0.0, parts: tuple[str, ...] = PARTS) -> Callable[[Planned], str]:
+    """Before each request, outside the timed region: wait until the plugin is done with the previous
+    request (its record built, so the flip cannot discard it), set the switch for this request's arm
+    (``extra["parts"]`` for an ablation level), then wait until ``gap_s`` has passed since the
+    previous response ended. Every request, whatever its arm, thus starts after the same idle gap
+    (when settling takes less than ``gap_s``). Keeps the switch's generation in ``extra``."""
 
     def route(p: Planned) -> str:
+        t_prev_end = time.monotonic()  # run_sequential routes right after the previous response ended
+        flipper.settle()
         on = p.extra["arm"] == "on"
         answer = flipper.set(tuple(p.extra.get("parts") or parts) if on else None)
         p.extra["generation"] = answer.get("generation")
+        time.sleep(max(0.0, t_prev_end + gap_s - time.monotonic()))
         return flipper.base_url
 
     return route

@@ -6,28 +6,20 @@ processes that did not confirm (504). The same-instance experiments (``overhead`
 ``throughput``) flip it between requests, outside the timed region, so both arms run on the same
 server instance and instance-to-instance noise cancels.
 
-``PARTS`` is the plugin's list of parts in stack order (each needs the ones before it to do
-anything useful); ``levels()`` turns it into the ablation's cumulative levels L0 (all off) .. L12.
+``PARTS`` is the plugin's list of parts in stack order (``sglang_mmtrace.switch.PARTS``: each needs
+the ones before it to do anything useful); ``levels()`` turns it into the ablation's cumulative levels L0 (all off) .. L12.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..switch import PARTS
 from .client import host_port
-
-try:  # the plugin's own list, once it has the switch
-    from ..switch import PARTS as _PLUGIN_PARTS
-
-    PARTS: tuple[str, ...] = tuple(_PLUGIN_PARTS)
-except ImportError:  # pragma: no cover - a plugin tree without the switch
-    PARTS = (
-        "http", "tokenizer", "mm", "scheduler", "detokenizer", "cuda_events", "ship", "records",
-        "jsonl", "prometheus", "otlp", "nvtx",
-    )  # fmt: skip
 
 ENABLED_PATH = "/mmtrace/enabled"
 STATE_PATH = "/mmtrace/state"
@@ -67,7 +59,7 @@ def read_state(base_url: str, timeout: float = 15.0) -> dict[str, Any]:
 def current(base_url: str) -> dict[str, Any]:
     """The api process's switch (``{"on", "parts", "generation"}``); SwitchError if the server has none."""
     state = read_state(base_url)
-    sw = state.get("switch")
+    sw = (state.get("api") or {}).get("switch", state.get("switch"))
     if not isinstance(sw, dict) or "on" not in sw:
         raise SwitchError(
             f"{base_url} has no runtime switch ({STATE_PATH} carries no 'switch'): the plugin is not loaded "
@@ -104,21 +96,59 @@ def level_name(i: int, parts: Sequence[str] = PARTS) -> str:
     return "L0 (off)" if i == 0 else f"L{i} (+{parts[i - 1]})"
 
 
-class Flipper:
-    """Sets the switch before a request (untimed) and remembers the state to restore at the end."""
+def busy(state: dict[str, Any]) -> int:
+    """Requests the api process still holds: live, or finished and waiting for their record."""
+    api = state.get("api") or {}
+    return int(api.get("live_requests") or 0) + int(api.get("finishing") or 0)
 
-    def __init__(self, base_url: str) -> None:
+
+class Flipper:
+    """Sets the switch before a request (untimed) and remembers the state to restore at the end.
+
+    A request's record is built after its response, once the other processes' events arrived (up to
+    the collector's grace, 2 s), and only while the switch stays as it was: ``settle()`` waits until
+    the api process holds no request (none live, none finishing) before the next flip.
+    """
+
+    def __init__(self, base_url: str, settle_timeout: float = 5.0) -> None:
         self.base_url = base_url
         before = current(base_url)
         self.initial: Level = tuple(before.get("parts") or PARTS) if before.get("on") else None
+        self.settle_timeout = settle_timeout
         self.flips = 0
+        self.settle_s: list[float] = []
+        self.settle_timeouts = 0
         self.last: dict[str, Any] = {}
+
+    def settle(self) -> float:
+        """Poll ``/mmtrace/state`` until the plugin holds no request (bounded); returns the seconds waited."""
+        t0 = time.monotonic()
+        while busy(read_state(self.base_url)):
+            if time.monotonic() - t0 > self.settle_timeout:
+                self.settle_timeouts += 1
+                break
+            time.sleep(0.003)
+        waited = time.monotonic() - t0
+        self.settle_s.append(waited)
+        return waited
 
     def set(self, level: Level) -> dict[str, Any]:
         self.last = set_level(self.base_url, level)
         self.flips += 1
         return self.last
 
+    def stats(self) -> dict[str, Any]:
+        w = sorted(self.settle_s)
+        return {
+            "flips": self.flips,
+            "settle_waits": len(w),
+            "settle_ms_median": round(w[len(w) // 2] * 1e3, 2) if w else None,
+            "settle_ms_max": round(w[-1] * 1e3, 2) if w else None,
+            "settle_timeouts": self.settle_timeouts,
+        }
+
     def restore(self) -> None:
-        """Put the switch back as it was found (a shared server is not left off)."""
+        """Put the switch back as it was found (a shared server is not left off), once the last
+        request's record is built (a flip would discard it)."""
+        self.settle()
         set_level(self.base_url, self.initial)

@@ -57,6 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--segment-s", type=float, default=25.0, help="throughput: seconds per segment (default 25)")
     s.add_argument("--segments", type=int, default=3, help="throughput: segments per arm (default 3)")
     s.add_argument("--settle-s", type=float, default=2.0, help="throughput: seconds excluded after a flip (default 2)")
+    s.add_argument(
+        "--gap-ms",
+        type=float,
+        default=100.0,
+        help="overhead/ablation: idle gap between a response's end and the next request, both arms (default 100)",
+    )
     s.add_argument("--server-pid", type=int, default=None, help="throughput with --url: the server's API process")
     s.add_argument(
         "--launches", type=int, default=2, help="overhead-crossover: launches per orientation, A/B and A/A (default 2)"
@@ -100,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         segment_s=args.segment_s,
         segments=args.segments,
         settle_s=args.settle_s,
+        gap_s=args.gap_ms / 1000,
         launches=args.launches,
         aa=not args.no_aa,
         deadline=args.deadline,
