@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu/overhead_017.py --out OUTDIR --deadline EPOCH_S [--model DIR]
         [--server-flags "$SGLANG_GPU_FLAGS"] [--n 200] [--ablation-rounds 60] [--concurrency 64]
-        [--segment-s 25] [--segments 3] [--crossover-rounds 30] [--launches 2]
+        [--segment-s 15] [--segments 3] [--gap-ms 60] [--crossover-rounds 30] [--launches 2]
 
 Uses whatever ``sglang_mmtrace`` is on PYTHONPATH (the installed wheel, whose dist-info registers
 the plugin's entry point) and prints its commit (``$MMTRACE_COMMIT``) and location. Everything goes
@@ -129,7 +129,8 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=200, help="overhead: pairs per kind")
     ap.add_argument("--ablation-rounds", type=int, default=60, help="at most this many (fewer if time is short)")
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--segment-s", type=float, default=25.0)
+    ap.add_argument("--segment-s", type=float, default=15.0, help="throughput segment (the CLI's default is 25)")
+    ap.add_argument("--gap-ms", type=float, default=60.0, help="idle gap before each request (records settle in ~50 ms)")
     ap.add_argument("--segments", type=int, default=3, help="throughput segments per arm")
     ap.add_argument("--crossover-rounds", type=int, default=30, help="rounds per launch")
     ap.add_argument("--launches", type=int, default=2, help="crossover launches per orientation")
@@ -158,7 +159,7 @@ def main() -> int:
     cfg = LaunchConfig("h200 0.5.17", ("--model-path", str(model), *shlex.split(args.server_flags), "--enable-metrics"), env)
     opts = Options(
         n=args.n, warmup=2, seed=args.seed, concurrency=(args.concurrency,), segment_s=args.segment_s,
-        segments=args.segments, launches=args.launches, timeout=60.0, deadline=deadline - 30,
+        segments=args.segments, launches=args.launches, timeout=60.0, deadline=deadline - 30, gap_s=args.gap_ms / 1000,
     )  # fmt: skip
     st = driver.Settings(
         experiments=[], opts=opts, launch=[cfg], gpu=True, pause_other=False, work_dir=work,
