@@ -159,7 +159,7 @@ def main() -> int:
     cfg = LaunchConfig("h200 0.5.17", ("--model-path", str(model), *shlex.split(args.server_flags), "--enable-metrics"), env)
     opts = Options(
         n=args.n, warmup=2, seed=args.seed, concurrency=(args.concurrency,), segment_s=args.segment_s,
-        segments=args.segments, launches=args.launches, timeout=60.0, deadline=deadline - 30, gap_s=args.gap_ms / 1000,
+        segments=args.segments, launches=args.launches, timeout=120.0, deadline=deadline - 30, gap_s=args.gap_ms / 1000,
     )  # fmt: skip
     st = driver.Settings(
         experiments=[], opts=opts, launch=[cfg], gpu=True, pause_other=False, work_dir=work,

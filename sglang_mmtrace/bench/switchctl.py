@@ -127,7 +127,7 @@ class Flipper:
             if time.monotonic() - t0 > self.settle_timeout:
                 self.settle_timeouts += 1
                 break
-            time.sleep(0.003)
+            time.sleep(0.01)
         waited = time.monotonic() - t0
         self.settle_s.append(waited)
         return waited
