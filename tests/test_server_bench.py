@@ -159,7 +159,7 @@ def test_overhead_and_ablation_on_one_instance(server, tmp_path: Path, capsys: p
     arms answer, the pairs are counted, and the server's JSONL holds a record for exactly the requests
     sent while the plugin (with its jsonl part) was on, none for the others. The switch is left as found."""
     url = ["--url", server.base_url, "--records", str(server.jsonl_path), "--json", "--size", "160x120"]
-    url += ["--max-tokens", "2", "--gap-ms", "0"]
+    url += ["--max-tokens", "2", "--gap-ms", "0", "--keep-records"]
 
     def run(*args: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         capsys.readouterr()

@@ -375,7 +375,7 @@ def test_switch_experiments_against_a_stand_in_server(tmp_path: Path) -> None:
     fake.switch.update(on=True, parts=["http", "tokenizer"])  # found partly on: put back like that
     try:
         opts = Options(n=3, warmup=1, size=(32, 24), seed=9, concurrency=(3,), max_tokens=4,
-                       segment_s=0.6, segments=2, settle_s=0.2, timeout=10)  # fmt: skip
+                       segment_s=0.6, segments=2, settle_s=0.2, timeout=10, keep_records=True)  # fmt: skip
         st = driver.Settings(experiments=[], opts=opts, records_timeout=5.0)
         out = driver.Outcome()
         target = Target("fake", fake.url, records, pid=os.getpid())

@@ -3,10 +3,12 @@
 Two ways to get the arms, one plan and one analysis:
 
 - ``overhead`` (same instance): one server with the plugin installed; the plugin's runtime switch
-  (``POST /mmtrace/enabled``) is flipped before each request, outside the timed region, once the
-  plugin is done with the previous request, and every request starts the same idle gap after the
-  previous one ended (``switch_route``). Instance-to-instance differences (5-15% of TTFT between
-  two servers on the H200) cancel.
+  (``POST /mmtrace/enabled``) is flipped before each request, outside the timed region, and every
+  request starts the same idle gap after the previous one ended (``switch_route``). A flip discards
+  the record of a request still open on the server (SGLang holds a streamed request ~2 s past its
+  last byte), so records are kept only with ``keep_records`` (a wait before each flip that follows a
+  recorded request). Instance-to-instance differences (5-15% of TTFT between two servers on the
+  H200) cancel.
 - ``overhead-crossover`` (installed vs not installed at all): two servers, ``SGLANG_MMTRACE=1`` and
   ``=0``, started one after the other and alive together; the server not being measured is paused
   (SIGSTOP) on a CPU. Launches alternate the orientation (which arm's server starts first); each
@@ -113,20 +115,27 @@ def paired_plan(
 # -- same instance: the runtime switch ------------------------------------------------------------
 
 
-def switch_route(flipper: Flipper, gap_s: float = 0.0, parts: tuple[str, ...] = PARTS) -> Callable[[Planned], str]:
-    """Before each request, outside the timed region: wait until the plugin is done with the previous
-    request (its record built, so the flip cannot discard it), set the switch for this request's arm
-    (``extra["parts"]`` for an ablation level), then wait until ``gap_s`` has passed since the
-    previous response ended. Every request, whatever its arm, thus starts after the same idle gap
-    (when settling takes less than ``gap_s``). Keeps the switch's generation in ``extra``."""
+def switch_route(
+    flipper: Flipper, gap_s: float = 0.0, keep_records: bool = False, parts: tuple[str, ...] = PARTS
+) -> Callable[[Planned], str]:
+    """Before each request, outside the timed region: with ``keep_records``, if the previous request
+    expects a record, wait until the plugin holds no request (its record built: a flip would discard
+    a request that has not ended; SGLang keeps a streamed request open ~2 s after its last byte, so
+    this costs ~2 s per recorded request). Then set the switch for this request's arm
+    (``extra["parts"]`` for an ablation level) and wait until ``gap_s`` has passed since the previous
+    response ended, so every request, whatever its arm, starts after the same idle gap. Keeps the
+    switch's generation in ``extra``."""
+    prev: list[Planned] = []
 
     def route(p: Planned) -> str:
         t_prev_end = time.monotonic()  # run_sequential routes right after the previous response ended
-        flipper.settle()
+        if keep_records and prev and prev[0].extra.get("expect_record"):
+            flipper.settle()
         on = p.extra["arm"] == "on"
         answer = flipper.set(tuple(p.extra.get("parts") or parts) if on else None)
         p.extra["generation"] = answer.get("generation")
         time.sleep(max(0.0, t_prev_end + gap_s - time.monotonic()))
+        prev[:] = [p]
         return flipper.base_url
 
     return route

@@ -105,12 +105,13 @@ def busy(state: dict[str, Any]) -> int:
 class Flipper:
     """Sets the switch before a request (untimed) and remembers the state to restore at the end.
 
-    A request's record is built after its response, once the other processes' events arrived (up to
-    the collector's grace, 2 s), and only while the switch stays as it was: ``settle()`` waits until
-    the api process holds no request (none live, none finishing) before the next flip.
+    A request's record is built once the request has ended on the server (SGLang keeps a streamed
+    request open ~2 s after its last byte) and the other processes' events arrived (up to the
+    collector's grace, 2 s), and only if the switch did not flip meanwhile: ``settle()`` waits until
+    the api process holds no request (none live, none finishing).
     """
 
-    def __init__(self, base_url: str, settle_timeout: float = 5.0) -> None:
+    def __init__(self, base_url: str, settle_timeout: float = 8.0) -> None:
         self.base_url = base_url
         before = current(base_url)
         self.initial: Level = tuple(before.get("parts") or PARTS) if before.get("on") else None

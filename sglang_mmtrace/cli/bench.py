@@ -63,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=100.0,
         help="overhead/ablation: idle gap between a response's end and the next request, both arms (default 100)",
     )
+    s.add_argument(
+        "--keep-records",
+        action="store_true",
+        help="overhead/ablation: before a flip, wait until the last request's record is built (SGLang keeps a "
+        "streamed request open ~2 s after its end: ~2 s per recorded request); without it flips discard them",
+    )
     s.add_argument("--server-pid", type=int, default=None, help="throughput with --url: the server's API process")
     s.add_argument(
         "--launches", type=int, default=2, help="overhead-crossover: launches per orientation, A/B and A/A (default 2)"
@@ -107,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         segments=args.segments,
         settle_s=args.settle_s,
         gap_s=args.gap_ms / 1000,
+        keep_records=args.keep_records,
         launches=args.launches,
         aa=not args.no_aa,
         deadline=args.deadline,
