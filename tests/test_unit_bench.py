@@ -302,6 +302,7 @@ class FakeSwitchServer:
         self.switch: dict[str, Any] = {"on": True, "parts": list(PARTS), "generation": 0}
         self.posts: list[dict[str, Any]] = []
         self.n = 0
+        self.written = 0
         self.lock = threading.Lock()
         fake = self
 
@@ -315,7 +316,7 @@ class FakeSwitchServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802
-                self._json(200, {"api": {"switch": dict(fake.switch)}, "peers": {}})
+                self._json(200, {"api": {"switch": dict(fake.switch), "records": fake.written}, "peers": {}})
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -348,6 +349,7 @@ class FakeSwitchServer:
                 if traced:
                     with fake.lock, fake.records.open("a") as fh:
                         fh.write(json.dumps({"rid": rid, "ttft_s": 0.001, "status": "ok"}) + "\n")
+                        fake.written += 1
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

@@ -12,7 +12,9 @@ through the package's bench (``sglang_mmtrace.bench``: ``GpuServer`` via ``launc
 as soon as it ends, so a timeout loses only the running phase:
 
 1. ``overhead``: one server (plugin installed, ``--enable-metrics``, JSONL, OTLP to a receiver),
-   on/off by the runtime switch before each request, ``--n`` pairs per kind (default 200).
+   on/off by the runtime switch before each request, ``--n`` pairs per kind (default 200). Records
+   are not kept (no ``keep_records``: SGLang holds a streamed request ~2 s past its end, and a flip
+   in that time discards its record; waiting would cost ~2 s per 'on' request).
 2. ``ablation`` on the same server: levels L0..L12, as many rounds as fit into the time left after
    reserving the throughput phase (at most ``--ablation-rounds``; printed).
 3. ``throughput`` on the same server: ``--concurrency`` clients, 256 output tokens with
@@ -130,7 +132,7 @@ def main() -> int:
     ap.add_argument("--ablation-rounds", type=int, default=60, help="at most this many (fewer if time is short)")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--segment-s", type=float, default=15.0, help="throughput segment (the CLI's default is 25)")
-    ap.add_argument("--gap-ms", type=float, default=60.0, help="idle gap before each request (records settle in ~50 ms)")
+    ap.add_argument("--gap-ms", type=float, default=60.0, help="idle gap before each request, both arms")
     ap.add_argument("--segments", type=int, default=3, help="throughput segments per arm")
     ap.add_argument("--crossover-rounds", type=int, default=30, help="rounds per launch")
     ap.add_argument("--launches", type=int, default=2, help="crossover launches per orientation")

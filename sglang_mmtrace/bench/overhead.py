@@ -7,7 +7,7 @@ Two ways to get the arms, one plan and one analysis:
   request starts the same idle gap after the previous one ended (``switch_route``). A flip discards
   the record of a request still open on the server (SGLang holds a streamed request ~2 s past its
   last byte), so records are kept only with ``keep_records`` (a wait before each flip that follows a
-  recorded request). Instance-to-instance differences (5-15% of TTFT between two servers on the
+  request with records on, until its record is built). Instance-to-instance differences (5-15% of TTFT between two servers on the
   H200) cancel.
 - ``overhead-crossover`` (installed vs not installed at all): two servers, ``SGLANG_MMTRACE=1`` and
   ``=0``, started one after the other and alive together; the server not being measured is paused
@@ -115,27 +115,33 @@ def paired_plan(
 # -- same instance: the runtime switch ------------------------------------------------------------
 
 
+def builds_record(p: Planned) -> bool:
+    """The request runs with the plugin's ``records`` part on (the collector builds its record)."""
+    parts = p.extra.get("parts")
+    return p.extra.get("arm") == "on" and (parts is None or "records" in parts)
+
+
 def switch_route(
     flipper: Flipper, gap_s: float = 0.0, keep_records: bool = False, parts: tuple[str, ...] = PARTS
 ) -> Callable[[Planned], str]:
     """Before each request, outside the timed region: with ``keep_records``, if the previous request
-    expects a record, wait until the plugin holds no request (its record built: a flip would discard
-    a request that has not ended; SGLang keeps a streamed request open ~2 s after its last byte, so
-    this costs ~2 s per recorded request). Then set the switch for this request's arm
-    (``extra["parts"]`` for an ablation level) and wait until ``gap_s`` has passed since the previous
-    response ended, so every request, whatever its arm, starts after the same idle gap. Keeps the
-    switch's generation in ``extra``."""
-    prev: list[Planned] = []
+    runs with records on, wait until the plugin has built its record (a flip discards the record of
+    a request that has not ended on the server, and SGLang keeps a streamed request open ~2 s after
+    its last byte: about 2 s per such request). Then set the switch for this request's arm
+    (``extra["parts"]`` for an ablation level) and wait until ``gap_s`` has passed since the
+    previous response ended, so every request, whatever its arm, starts after the same idle gap.
+    Keeps the switch's generation in ``extra``."""
+    prev: dict[str, Any] = {}
 
     def route(p: Planned) -> str:
         t_prev_end = time.monotonic()  # run_sequential routes right after the previous response ended
-        if keep_records and prev and prev[0].extra.get("expect_record"):
-            flipper.settle()
+        if prev.get("records_before") is not None:
+            flipper.wait_records(prev["records_before"] + 1)
         on = p.extra["arm"] == "on"
         answer = flipper.set(tuple(p.extra.get("parts") or parts) if on else None)
         p.extra["generation"] = answer.get("generation")
+        prev["records_before"] = flipper.records() if keep_records and builds_record(p) else None
         time.sleep(max(0.0, t_prev_end + gap_s - time.monotonic()))
-        prev[:] = [p]
         return flipper.base_url
 
     return route

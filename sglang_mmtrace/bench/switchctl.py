@@ -133,6 +133,22 @@ class Flipper:
         self.settle_s.append(waited)
         return waited
 
+    def records(self) -> int:
+        """Records the api process has built so far (``/mmtrace/state`` api.records)."""
+        return int((read_state(self.base_url).get("api") or {}).get("records") or 0)
+
+    def wait_records(self, at_least: int) -> float:
+        """Poll until ``records() >= at_least`` (bounded); returns the seconds waited."""
+        t0 = time.monotonic()
+        while self.records() < at_least:
+            if time.monotonic() - t0 > self.settle_timeout:
+                self.settle_timeouts += 1
+                break
+            time.sleep(0.01)
+        waited = time.monotonic() - t0
+        self.settle_s.append(waited)
+        return waited
+
     def set(self, level: Level) -> dict[str, Any]:
         self.last = set_level(self.base_url, level)
         self.flips += 1
