@@ -16,7 +16,10 @@ as soon as it ends, so a timeout loses only the running phase:
    are not kept (no ``keep_records``: SGLang holds a streamed request ~2 s past its end, and a flip
    in that time discards its record; waiting would cost ~2 s per 'on' request).
 2. ``ablation`` on the same server: levels L0..L12, as many rounds as fit into the time left after
-   reserving the throughput phase (at most ``--ablation-rounds``; printed).
+   reserving the throughput phase (at most ``--ablation-rounds``; printed), records kept (the
+   bench waits for each record at the levels with ``records`` on, ~2 s each, so that ``records``,
+   ``jsonl``, ``prometheus`` and ``otlp`` do their work; ``--ablation-no-records`` trades that for
+   rounds).
 3. ``throughput`` on the same server: ``--concurrency`` clients, 256 output tokens with
    ``ignore_eos``, ``--segments`` segments per arm of ``--segment-s`` seconds (shortened to fit).
 4. ``crossover`` if time is left: server pairs ``SGLANG_MMTRACE=1``/``=0`` started one after the
@@ -49,6 +52,7 @@ from sglang_mmtrace.bench.experiments import Options
 from sglang_mmtrace.bench.targets import LaunchConfig, launched
 
 REPO = Path(__file__).resolve().parents[2]
+RECORD_WAIT_S = 2.2  # SGLang keeps a streamed request open ~2 s after its end; its record comes after
 RECEIVER = r"""
 import json, signal, sys, threading
 sys.path.insert(0, sys.argv[1])
@@ -130,6 +134,11 @@ def main() -> int:
     ap.add_argument("--server-flags", default=os.environ.get("SGLANG_GPU_FLAGS", ""))
     ap.add_argument("--n", type=int, default=200, help="overhead: pairs per kind")
     ap.add_argument("--ablation-rounds", type=int, default=60, help="at most this many (fewer if time is short)")
+    ap.add_argument(
+        "--ablation-no-records",
+        action="store_true",
+        help="ablation without waiting for records (more rounds; the records and sink parts then do no work)",
+    )
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--segment-s", type=float, default=15.0, help="throughput segment (the CLI's default is 25)")
     ap.add_argument("--gap-ms", type=float, default=60.0, help="idle gap before each request, both arms")
@@ -179,14 +188,21 @@ def main() -> int:
             per_request = cycle_s(res.lines) or took / max(1, res.results["overhead"]["requests_sent"])
             save(out, "overhead", {"info": info, **res.results["overhead"], "wall_s": round(took, 1)}, res.lines)
             print("\n".join(res.notes), flush=True)
-            # 2. ablation, rounds fitted to the time left after reserving the throughput phase
+            # 2. ablation, rounds fitted to the time left after reserving the throughput phase; with
+            # records kept (so records/jsonl/prometheus/otlp do their work) each of the 5 levels with
+            # records on costs a ~2 s wait per kind (SGLang's open tail after a streamed response)
             tp_need = 2 * args.segments * args.segment_s + 30
-            rounds = driver.estimate_rounds(left(deadline) - 40 - tp_need, per_request, 3 * 13, args.ablation_rounds)
-            log(f"ablation: {rounds} rounds (asked {args.ablation_rounds}; {per_request * 1e3:.0f} ms per request)")
-            opts.n = rounds
+            budget = left(deadline) - 40 - tp_need
+            keep = not args.ablation_no_records
+            per_round = 3 * 13 * per_request + (3 * 5 * RECORD_WAIT_S if keep else 0.0)
+            rounds = driver.estimate_rounds(budget, per_round, 1, args.ablation_rounds)
+            log(f"ablation: {rounds} rounds (asked {args.ablation_rounds}; {per_request * 1e3:.0f} ms per request, "
+                f"records {'kept' if keep else 'not kept'}: ~{per_round:.0f} s per round)")  # fmt: skip
+            opts.n, opts.keep_records, opts.deadline = rounds, keep, time.time() + budget
             res = driver.Outcome()
             t0 = time.time()
             driver.run_switched(target, "ablation", st, res)
+            opts.keep_records, opts.deadline = False, deadline - 30
             save(out, "ablation", {**res.results["ablation"], "rounds_asked": args.ablation_rounds,
                                    "wall_s": round(time.time() - t0, 1)}, res.lines)  # fmt: skip
             (out / "ablation.md").write_text(res.results["ablation"]["markdown"])
