@@ -291,8 +291,9 @@ def test_procs_find_this_process_by_its_listening_port() -> None:
 
 
 class FakeSwitchServer:
-    """A stand-in with the switch's HTTP contract and a streaming chat endpoint: it writes a record
-    (rid = the response id) to ``records`` for a request that arrives while on with ``jsonl``."""
+    """A stand-in with the switch's HTTP contract and a streaming chat endpoint: it builds a record
+    (counted in ``/mmtrace/state`` api.records) for a request that arrives while on with ``records``,
+    and writes it (rid = the response id) to ``records`` with ``jsonl`` too."""
 
     def __init__(self, records: Path) -> None:
         import http.server
@@ -334,7 +335,8 @@ class FakeSwitchServer:
                 with fake.lock:
                     fake.n += 1
                     rid = f"{fake.n}-{uuid.uuid4().hex}"  # unique across servers, like SGLang's
-                    traced = fake.switch["on"] and "jsonl" in fake.switch["parts"]
+                    built = fake.switch["on"] and "records" in fake.switch["parts"]
+                    traced = built and "jsonl" in fake.switch["parts"]
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
@@ -346,10 +348,11 @@ class FakeSwitchServer:
                     self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
-                if traced:
+                if built:
                     with fake.lock, fake.records.open("a") as fh:
-                        fh.write(json.dumps({"rid": rid, "ttft_s": 0.001, "status": "ok"}) + "\n")
-                        fake.written += 1
+                        if traced:
+                            fh.write(json.dumps({"rid": rid, "ttft_s": 0.001, "status": "ok"}) + "\n")
+                        fake.written += 1  # api.records counts built records, written or not
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
