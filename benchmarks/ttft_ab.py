@@ -1,14 +1,18 @@
 """Server TTFT with the plugin off vs on: two real CPU SGLang servers, requests interleaved A/B.
 
-Both servers (``SGLANG_MMTRACE=0`` and ``=1`` with a JSONL sink) run the tiny Qwen3-VL with the
-same arguments. Each round sends, to each server, in a random A/B order per request kind:
-``new_image`` (a fresh 512x512 PNG, new seed per round: preprocess/embedding/radix cache miss),
-``same_image`` (that image again: cache hits) and ``text`` (text only). One request is in flight
-at a time. TTFT is measured by a stdlib socket client: from just before the request is written to
-the first received bytes that contain an SSE ``data:`` line; e2e is to the end of the response.
+One launch of ``overhead-crossover`` (``sglang_mmtrace.bench.overhead``): two servers
+(``SGLANG_MMTRACE=0`` and ``=1`` with a JSONL sink) run the tiny Qwen3-VL with the same arguments,
+started one after the other (``--first``). Each round sends, to each server, ``new_image`` (a new
+640x480 JPEG per request: preprocess/embedding/radix cache miss), ``same_image`` (one fixed JPEG:
+cache hits) and ``text`` (a new prompt), the leading server alternating by round. One request is in
+flight at a time; the idle server is paused. TTFT is measured by the bench's socket client: from
+just before the request is written to the first SSE chunk carrying ``choices``; e2e is to the end
+of the response.
 
-Per kind: median TTFT off/on, their ratio and difference, the median of the per-round paired
-differences (on - off) with a bootstrap 95% interval, and e2e medians.
+Per kind: median TTFT off/on, their ratio with a bootstrap interval, the median of the per-round
+paired differences (on - off) with a bootstrap 95% interval, and e2e medians. Two instances differ
+by themselves: the same-instance ``sglang-mmtrace bench --experiment overhead`` (runtime switch) and
+the multi-launch ``--experiment overhead-crossover`` are the estimators to trust.
 
     python -m benchmarks.ttft_ab --rounds 30
 """
@@ -21,18 +25,12 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sglang_mmtrace.bench.overhead import (
-    KINDS,
-    MAX_TOKENS,
-    Pauser,
-    paired_summary,
-    plugin_records,
-    run_rounds,
-    start_pair,
-)
+from sglang_mmtrace.bench.experiments import Options
+from sglang_mmtrace.bench.overhead import KINDS, MAX_TOKENS, Workload, paired_plan, run_launch, summary
 from sglang_mmtrace.harness import CpuServer
 
 from ._common import RESULTS, machine
@@ -40,14 +38,10 @@ from ._common import RESULTS, machine
 SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")
 
 
-def start_servers(
-    jsonl: Path,
-    log_dir: Path,
-    control: bool = False,
-    health_timeout: float = 600.0,
-    on_env: dict[str, str] | None = None,
-) -> dict[str, CpuServer]:
-    """``off`` and ``on``; with ``control`` the ``on`` server runs with the plugin off too (A/A)."""
+def server_factory(
+    jsonl: Path, log_dir: Path, control: bool = False, health_timeout: float = 600.0, on_env: dict[str, str] | None = None
+) -> Callable[[str], CpuServer]:
+    """arm -> a not-yet-started server; with ``control`` the ``on`` server runs with the plugin off too (A/A)."""
 
     def make(arm: str) -> CpuServer:
         on = arm == "on"
@@ -60,7 +54,7 @@ def start_servers(
             env=on_env if on else None,
         )
 
-    return start_pair(make)
+    return make
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -71,8 +65,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"{m['date_utc']} UTC; {m['cpus']} CPUs ({m['cpu_model']}), {m['accelerator']}; SGLang {m['sglang']}; "
         f"plugin commit {m['commit']}{' (tree dirty)' if m['plugin_tree_dirty'] else ''}; "
         f"load average at start {m['loadavg_at_start'][0]:.2f}, at end {m['loadavg_at_end'][0]:.2f}.",
-        f"{c['rounds']} rounds x {len(KINDS)} kinds x 2 servers, one request in flight, A/B order random per "
-        f"request kind and round; tiny Qwen3-VL, max_tokens {c['max_tokens']}, server args `{' '.join(c['server_args'])}`; "
+        f"{c['rounds']} rounds x {len(KINDS)} kinds x 2 servers (started one after the other, '{c['first']}' first), "
+        f"one request in flight, the leading server alternating by round; tiny Qwen3-VL, max_tokens {c['max_tokens']}, "
+        f"server args `{' '.join(c['server_args'])}`; "
         + (
             f"the server not being measured was paused (SIGSTOP, resumed {c['settle_ms']:.0f} ms before its request)."
             if c.get("pause_other_server")
@@ -93,11 +88,12 @@ def markdown(result: dict[str, Any]) -> str:
         )
     if result.get("failed_requests"):
         lines += ["", f"Failed requests (left out of the table): {len(result['failed_requests'])}."]
-    pr = result.get("plugin_records", {})
+    pr = result.get("plugin_vs_client", {})
+    rc = result.get("records", {})
     lines += [
         "",
-        f"The plugin-on server wrote {pr.get('records', 0)} records (warm-up rounds included). Its own TTFT vs the "
-        "client's, medians over the matched requests: "
+        f"Records: {rc.get('on_with_record', 0)} of {rc.get('on_ok', 0)} plugin-on requests. The plugin's own TTFT vs "
+        "the client's, medians over the matched requests: "
         + "; ".join(
             f"{k} {v['plugin_ttft_median_ms']:.2f} vs {v['client_ttft_median_ms']:.2f} ms"
             for k, v in pr.items()
@@ -126,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="leave the other server running during each request (default: SIGSTOP it, see Pauser)",
     )
+    ap.add_argument("--first", choices=("off", "on"), default="off", help="which server starts first")
     ap.add_argument("--settle-ms", type=float, default=100.0, help="wait after resuming a paused server")
     ap.add_argument("--control", action="store_true", help="A/A control: both servers with the plugin off")
     ap.add_argument(
@@ -136,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         help="extra environment of the plugin-on server (e.g. SGLANG_MMTRACE_METRICS=0), to bisect the overhead",
     )
     ap.add_argument("--request-timeout", type=float, default=120.0, help="client timeout per request (s)")
-    ap.add_argument("--max-failures", type=int, default=5, help="give up after this many failed requests")
     ap.add_argument("--health-timeout", type=float, default=600.0, help="seconds a server may take to become healthy")
     args = ap.parse_args(argv)
 
@@ -146,32 +142,19 @@ def main(argv: list[str] | None = None) -> int:
     jsonl = work / "records.jsonl"
     info = machine()
 
-    print(f"[ttft_ab] starting both servers (logs in {work}) ...", flush=True)
-    t_start = time.monotonic()
+    print(f"[ttft_ab] starting the servers one after the other (logs in {work}) ...", flush=True)
     on_env = dict(kv.split("=", 1) for kv in args.on_env)
-    servers = start_servers(jsonl, work, control=args.control, health_timeout=args.health_timeout, on_env=on_env)
-    startup = {k: round(s.startup_seconds or 0, 1) for k, s in servers.items()}
-    print(f"[ttft_ab] healthy after {startup} s", flush=True)
-    pauser = Pauser(servers, enabled=not args.no_pause, settle_s=args.settle_ms / 1000)
-    try:
-        run = run_rounds(
-            servers,
-            args.rounds,
-            args.warmup_rounds,
-            args.seed,
-            pauser,
-            request_timeout=args.request_timeout,
-            max_failures=args.max_failures,
-            round_log=True,
-            log=lambda msg: print(msg, flush=True),
-        )
-    finally:
-        pauser.resume_all()
-        for srv in servers.values():
-            srv.stop()
+    make = server_factory(jsonl, work, control=args.control, health_timeout=args.health_timeout, on_env=on_env)
+    opts = Options(n=args.rounds, warmup=args.warmup_rounds, seed=args.seed, timeout=args.request_timeout)
+    plan = paired_plan("overhead-crossover", args.rounds, args.warmup_rounds, Workload(args.seed, opts.nonce))
+    t_start = time.monotonic()
+    launch = run_launch(
+        make, args.first, plan, opts, pause=not args.no_pause, desc="ttft_ab", settle_s=args.settle_ms / 1000,
+        log=lambda msg: print(msg, flush=True),
+    )  # fmt: skip
     info["loadavg_at_end"] = list(os.getloadavg())
-
-    time.sleep(0.5)
+    ok = [ln["bench"] for ln in launch.lines if ln["bench"]["ok"]]
+    failed = [ln["bench"] for ln in launch.lines if not ln["bench"]["ok"]]
     result: dict[str, Any] = {
         "benchmark": "ttft_ab",
         "machine": info,
@@ -180,24 +163,24 @@ def main(argv: list[str] | None = None) -> int:
             "warmup_rounds": args.warmup_rounds,
             "seed": args.seed,
             "kinds": list(KINDS),
-            "image": "512x512 PNG (harness make_image), new seed per round",
+            "image": "640x480 JPEG (harness make_image): a new one per new_image request, one fixed for same_image",
             "max_tokens": MAX_TOKENS,
             "server_args": list(SERVER_ARGS),
-            "startup_s": startup,
+            "first": args.first,
+            "startup_s": launch.startup_s,
             "pause_other_server": not args.no_pause,
             "settle_ms": args.settle_ms,
             "control_aa": args.control,
             "on_server_extra_env": on_env,
             "run_wall_s": round(time.monotonic() - t_start, 1),
         },
-        "kinds": {kind: paired_summary(run.rows, kind) for kind in KINDS},
-        "plugin_records": plugin_records(jsonl, run.rows),
-        "server_health_per_round": run.health,
-        "failed_requests": run.failures,
+        **summary(launch.lines),
+        "server_health_per_round": launch.health,
+        "failed_requests": [{k: b.get(k) for k in ("round", "kind", "arm", "error")} for b in failed],
         "samples": [
-            {k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items() if k != "usage"}
-            | {"cached_tokens": ((r.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")}
-            for r in run.rows
+            {k: b.get(k) for k in ("round", "kind", "arm", "order", "client_ttft_s", "client_e2e_s")}
+            | {"cached_tokens": (b.get("usage") or {}).get("cached_tokens")}
+            for b in ok
         ],
     }
     (out_dir / "ttft_ab.json").write_text(json.dumps(result, indent=2) + "\n")

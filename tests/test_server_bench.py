@@ -1,17 +1,21 @@
 """``sglang-mmtrace bench`` against the real CPU server: its lines match the plugin's records by rid,
-its usage-based token counts agree with them, and each experiment shows the cache behaviour it
-exists to show (small N; the numbers themselves are benchmarks, not asserted)."""
+its usage-based token counts agree with them, each experiment shows the cache behaviour it exists to
+show, and the same-instance overhead experiments (runtime switch) leave records for exactly the
+requests sent while on (small N; the numbers themselves are benchmarks, not asserted)."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import records
+from conftest import read_records, records, state
 
+from sglang_mmtrace import switch
+from sglang_mmtrace.bench.records import rid_keys
 from sglang_mmtrace.bench.summary import encoder_ran, summaries
 from sglang_mmtrace.cli.main import main
 
@@ -148,3 +152,64 @@ def test_caches_launch_mode(tmp_path: Path) -> None:
     for cfg in (on, off):
         assert all(encoder_ran(ln) for ln in v[f"{cfg}: new image"])
     assert all(ln["cached_tokens"] == 0 for ln in lines if ln["bench"]["config"] == off)
+
+
+def test_overhead_and_ablation_on_one_instance(server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same-instance experiments flip the real server's runtime switch before every request: both
+    arms answer, the pairs are counted, and the server's JSONL holds a record for exactly the requests
+    sent while the plugin (with its jsonl part) was on, none for the others. The switch is left as found."""
+    url = ["--url", server.base_url, "--records", str(server.jsonl_path), "--json", "--size", "160x120"]
+    url += ["--max-tokens", "2", "--gap-ms", "0", "--keep-records"]
+
+    def run(*args: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        capsys.readouterr()
+        lines = bench(tmp_path, *url, *args)
+        return lines, json.loads(capsys.readouterr().out)["results"]
+
+    before = state_switch(server)
+    ov_lines, res = run("--experiment", "overhead", "--n", "4", "--warmup", "1")
+    ov = res["overhead"]
+    assert {k: v["n_pairs"] for k, v in ov["kinds"].items()} == {"new_image": 4, "same_image": 4, "text": 4}
+    assert len(ov_lines) == 24 and all(ln["bench"]["ok"] for ln in ov_lines)
+    assert {(ln["bench"]["kind"], ln["bench"]["arm"]) for ln in ov_lines} == {
+        (k, a) for k in ("new_image", "same_image", "text") for a in ("on", "off")
+    }
+    for r in range(4):  # the leading arm alternates strictly by round
+        lead = {ln["bench"]["arm"] for ln in ov_lines if ln["bench"]["round"] == r and ln["bench"]["order"] == 0}
+        assert lead == {"on" if r % 2 == 0 else "off"}
+    assert len({ln["bench"]["generation"] for ln in ov_lines}) == 24  # a flip before every request
+    check_records_only_when_on(server, ov_lines)
+    assert ov["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 12, "off_with_record": 0}
+    assert state_switch(server) == {**before, "generation": state_switch(server)["generation"]}
+
+    ab_lines, res = run("--experiment", "ablation", "--n", "2", "--warmup", "0")
+    ab = res["ablation"]
+    assert len(ab_lines) == 2 * 3 * 13 and all(ln["bench"]["ok"] for ln in ab_lines)
+    assert sorted((ln["bench"]["kind"], ln["bench"]["level"]) for ln in ab_lines) == sorted(
+        (k, i) for k in ("new_image", "same_image", "text") for i in range(13) for _ in range(2)
+    )
+    jsonl_level = switch.PARTS.index("jsonl") + 1
+    assert all(ln["bench"]["expect_record"] == (ln["bench"]["level"] >= jsonl_level) for ln in ab_lines)
+    check_records_only_when_on(server, ab_lines)
+    assert ab["rounds"] == 2 and [row["part"] for row in ab["rows"]] == list(switch.PARTS)
+    assert all(row[k]["n"] == 2 for row in [*ab["rows"], ab["whole"]] for k in ("new_image", "same_image", "text"))
+    assert ab["records"] == {"expected": 24, "expected_found": 24, "unexpected_found": 0}
+    assert "| part | new image us [CI] | same image us [CI] | text us [CI] |" in ab["markdown"]
+    assert state_switch(server) == {**before, "generation": state_switch(server)["generation"]}
+
+
+def state_switch(server) -> dict[str, Any]:
+    return state(server)["api"]["switch"]
+
+
+def check_records_only_when_on(server, lines: list[dict[str, Any]]) -> None:
+    """By the response id (SGLang's rid) in the server's JSONL: one record per request that expected
+    one (sent while on, with the jsonl part), none for the rest, also after the collector's grace."""
+    want = [ln["rid"] for ln in lines if ln["bench"]["expect_record"]]
+    records(server, want)
+    time.sleep(3.0)  # SGLANG_MMTRACE_GRACE_S (2 s): a late record for an 'off' request would be written by now
+    written = [r["rid"] for r in read_records(server.jsonl_path)]
+    for ln in lines:
+        n = sum(written.count(k) for k in rid_keys(ln["rid"]))
+        assert n == (1 if ln["bench"]["expect_record"] else 0), (ln["bench"], n)
+        assert ln["bench"]["record"] == ln["bench"]["expect_record"]

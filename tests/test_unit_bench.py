@@ -1,15 +1,32 @@
-"""Pure parts of ``sglang-mmtrace bench`` that need no server: launch strings, the statistics, and
-reading a records file that is being appended to (a real file with a half-written last line)."""
+"""Pure parts of ``sglang-mmtrace bench`` that need no server: launch strings, the statistics, reading a
+records file that is being appended to (a real file with a half-written last line), the plans of the
+overhead experiments (strict on/off alternation, the ablation's levels), their analyses on synthetic
+samples with known effects, the throughput segments, the client's TTFT event, and /proc lookups."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import uuid
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from sglang_mmtrace.bench import ablation, overhead, procs, throughput
+from sglang_mmtrace.bench.client import _dechunk, _first_choices_seen, _sse_events, carries_choices
+from sglang_mmtrace.bench.experiments import Options
 from sglang_mmtrace.bench.records import RecordsTail
-from sglang_mmtrace.bench.stats import bootstrap_quantile_ci, paired_ratio_ci, quantile
+from sglang_mmtrace.bench.stats import (
+    bootstrap_quantile_ci,
+    geomean_ratio_ci,
+    paired_ratio_ci,
+    quantile,
+    ratio_of_means_ci,
+)
+from sglang_mmtrace.bench.switchctl import PARTS, body_for, levels
 from sglang_mmtrace.bench.targets import parse_launch
 from sglang_mmtrace.cli.bench import parse_size
 
@@ -59,3 +76,395 @@ def test_records_tail_starts_at_the_end_and_skips_a_partial_line(tmp_path: Path)
     assert tail.wait(["b"], timeout=0)["b"]["ttft_s"] == 2.0
     # a response id with the OpenAI prefix finds the bare rid
     assert tail.find("chatcmpl-a") is not None
+
+
+# -- the switch experiments: plans, statistics, throughput segments ---------------------------------
+
+SPEC_PARTS = (
+    "http", "tokenizer", "mm", "scheduler", "detokenizer", "cuda_events", "ship", "records",
+    "jsonl", "prometheus", "otlp", "nvtx",
+)  # fmt: skip
+
+
+def _text(messages: list[dict[str, Any]]) -> str:
+    return json.dumps(messages)
+
+
+def test_parts_and_levels_follow_the_stack_order() -> None:
+    assert PARTS == SPEC_PARTS
+    lv = levels()
+    assert len(lv) == 13 and lv[0] is None and lv[-1] == PARTS
+    for i in range(1, 13):
+        assert lv[i] == PARTS[:i]
+    assert body_for(None) == {"on": False}
+    assert body_for(("http", "tokenizer")) == {"on": True, "parts": ["http", "tokenizer"]}
+
+
+def test_options_defaults_per_experiment() -> None:
+    o = Options()
+    assert (o.n_for("overhead"), o.n_for("ablation"), o.n_for("new-vs-repeat")) == (200, 60, 20)
+    assert o.size_for("overhead") == (640, 480) and o.size_for("order") == (512, 512)
+    assert o.max_tokens_for("throughput") == 256 and o.max_tokens_for("overhead") == 8
+    assert o.throughput_clients() == 64
+    o = Options(n=4, size=(64, 64), max_tokens=16, concurrency=(1, 8))
+    assert o.n_for("overhead") == 4 and o.size_for("overhead") == (64, 64) and o.max_tokens_for("throughput") == 16
+    assert o.throughput_clients() == 8 and o.concurrency_levels() == (1, 8)
+
+
+def test_paired_plan_alternates_the_leading_arm_strictly() -> None:
+    wl = overhead.Workload(seed=3, nonce="n", size=(32, 24))
+    plan = overhead.paired_plan("overhead", rounds=4, warmup_rounds=2, workload=wl)
+    assert len(plan) == 6 * 6
+    warm = [p for p in plan if p.warmup]
+    assert len(warm) == 12 and all(p.round < 0 for p in warm)
+    timed = [p for p in plan if not p.warmup]
+    for r in range(4):
+        rnd = [p for p in timed if p.round == r]
+        assert [p.extra["kind"] for p in rnd] == [k for k in overhead.KINDS for _ in range(2)]
+        lead = "on" if r % 2 == 0 else "off"
+        assert [p.extra["arm"] for p in rnd[::2]] == [lead] * 3  # every kind starts with the round's leading arm
+        assert Counter(p.extra["arm"] for p in rnd) == {"on": 3, "off": 3}
+        assert all(p.extra["expect_record"] == (p.extra["arm"] == "on") for p in rnd)
+        assert [p.extra["order"] for p in rnd] == [0, 1] * 3
+    new = [_text(p.messages) for p in plan if p.extra["kind"] == "new_image"]
+    text = [_text(p.messages) for p in plan if p.extra["kind"] == "text"]
+    same = {_text(p.messages) for p in plan if p.extra["kind"] == "same_image"}
+    assert len(set(new)) == len(new) and len(set(text)) == len(text) and len(same) == 1
+    assert "data:image/jpeg;base64," in new[0]
+    # the extra dict can override what a request expects (A/A control: no record anywhere)
+    aa = overhead.paired_plan("overhead-crossover", 1, 0, wl, {"expect_record": False, "launch": 3})
+    assert all(p.extra["expect_record"] is False and p.extra["launch"] == 3 for p in aa)
+
+
+def test_ablation_plan_covers_every_level_once_per_round_in_a_seeded_order() -> None:
+    wl = overhead.Workload(seed=1, nonce="n", size=(16, 16))
+    plan = ablation.ablation_plan(rounds=3, warmup_rounds=1, workload=wl, seed=5)
+    assert len(plan) == 4 * 3 * 13
+    orders = []
+    for r in range(3):
+        rnd = [p for p in plan if p.round == r]
+        assert Counter((p.extra["kind"], p.extra["level"]) for p in rnd) == {
+            (k, i): 1 for k in overhead.KINDS for i in range(13)
+        }
+        orders.append([(p.extra["kind"], p.extra["level"]) for p in rnd])
+        for p in rnd:
+            lv = levels()[p.extra["level"]]
+            assert p.extra["parts"] == (list(lv) if lv else None)
+            assert p.extra["arm"] == ("off" if p.extra["level"] == 0 else "on")
+            assert p.extra["expect_record"] == (p.extra["level"] >= PARTS.index("jsonl") + 1)
+    assert orders[0] != orders[1]  # shuffled per round
+    again = ablation.ablation_plan(rounds=3, warmup_rounds=1, workload=wl, seed=5)
+    assert [(p.extra["kind"], p.extra["level"], p.round) for p in again] == [
+        (p.extra["kind"], p.extra["level"], p.round) for p in plan
+    ]
+
+
+def _line(kind: str, arm: str, rnd: int, ttft: float, **extra: Any) -> dict[str, Any]:
+    return {
+        "rid": None,
+        "bench": {"kind": kind, "arm": arm, "round": rnd, "ok": True, "client_ttft_s": ttft, "client_e2e_s": ttft * 2,
+                  "order": 0 if arm == "on" else 1, "record": arm == "on", "usage": None, **extra},
+    }  # fmt: skip
+
+
+def test_paired_summary_ratio_delta_and_target() -> None:
+    rng = np.random.default_rng(0)
+    lines = []
+    for r in range(200):
+        base = 0.04 * rng.lognormal(0, 0.1)  # shared drift per round: pairing cancels it
+        lines += [_line("text", "off", r, base), _line("text", "on", r, base * 1.002)]
+    s = overhead.paired_summary(lines, "text")
+    assert s["n_pairs"] == 200
+    assert abs(s["ttft_ratio_on_off"] - 1.002) < 1e-3
+    lo, hi = s["ttft_ratio_ci95"]
+    assert lo <= s["ttft_ratio_on_off"] <= hi and s["target"]["met"] is (hi <= 1.01)
+    assert s["ttft_paired_delta_median_ms"] > 0
+    slow = [_line("text", "off", r, 0.04) for r in range(20)] + [_line("text", "on", r, 0.05) for r in range(20)]
+    assert overhead.paired_summary(slow, "text")["target"]["met"] is False
+    # a round missing one arm is not a pair; a failed request is not a sample
+    broken = [_line("text", "off", 0, 0.04), _line("text", "on", 1, 0.04)]
+    broken[0]["bench"]["ok"] = False
+    assert overhead.paired_summary(broken, "text") == {"n_pairs": 0}
+    assert overhead.record_check(lines) == {"on_ok": 200, "on_with_record": 200, "off_ok": 200, "off_with_record": 0}
+
+
+def test_crossover_geomean_cancels_a_server_position_effect() -> None:
+    """A server started first is 10% slower; the plugin costs 2%. Each orientation is biased, their
+    geometric mean is not."""
+    lines = []
+    for launch, orientation in enumerate(("on-first", "off-first", "on-first", "off-first")):
+        for r in range(30):
+            base = 0.04 * (1 + 0.01 * np.sin(r))
+            on = base * 1.02 * (1.1 if orientation == "on-first" else 1.0)
+            off = base * (1.1 if orientation == "off-first" else 1.0)
+            extra = {"run": "ab", "launch": launch, "orientation": orientation}
+            lines += [_line("new_image", "off", r, off, **extra), _line("new_image", "on", r, on, **extra)]
+    res = overhead.crossover_summary(lines)["ab"]
+    assert abs(res["orientations"]["on-first"]["new_image"]["ttft_ratio_on_off"] - 1.122) < 1e-3
+    assert abs(res["orientations"]["off-first"]["new_image"]["ttft_ratio_on_off"] - 1.02 / 1.1) < 1e-3
+    g = res["geomean"]["new_image"]
+    assert abs(g["ttft_ratio_on_off"] - 1.02) < 1e-3 and g["orientations"] == 2
+    assert g["ttft_ratio_ci95"][0] <= 1.02 <= g["ttft_ratio_ci95"][1]
+    assert set(res["launches"]) == {"0", "1", "2", "3"}
+    assert res["orientations"]["on-first"]["new_image"]["n_pairs"] == 60  # pooled over the two launches
+
+
+def test_geomean_and_ratio_of_means_intervals() -> None:
+    a = np.linspace(1, 2, 50)
+    g, lo, hi = geomean_ratio_ci([(a, a * 1.2), (a, a * 0.8)])
+    assert abs(g - np.sqrt(1.2 * 0.8)) < 1e-9 and lo <= g <= hi
+    assert all(np.isnan(geomean_ratio_ci([])))
+    r, lo, hi = ratio_of_means_ci([100, 110, 90], [99, 108, 89])
+    assert abs(r - 296 / 300) < 1e-12 and lo < r < hi
+    assert np.isnan(ratio_of_means_ci([1.0], [2.0])[1])
+
+
+def test_ablation_summary_recovers_each_parts_cost() -> None:
+    cost_us = {p: (i + 1) * 10.0 for i, p in enumerate(PARTS)}  # part i costs 10*(i+1) µs
+    rng = np.random.default_rng(2)
+    lines = []
+    for r in range(40):
+        base = 0.03 + rng.normal(0, 1e-4)
+        for i in range(13):
+            t = base + sum(cost_us[p] for p in PARTS[:i]) * 1e-6
+            for kind in overhead.KINDS:
+                lines.append({"bench": {"kind": kind, "level": i, "round": r, "ok": True, "client_ttft_s": t}})
+    s = ablation.ablation_summary(lines)
+    assert s["rounds"] == 40 and [row["part"] for row in s["rows"]] == list(PARTS)
+    for row in s["rows"]:
+        for kind in overhead.KINDS:
+            assert row[kind]["n"] == 40 and abs(row[kind]["median_us"] - cost_us[row["part"]]) < 0.2
+    assert abs(s["whole"]["text"]["median_us"] - sum(cost_us.values())) < 0.2
+    md = ablation.ablation_markdown(s)
+    assert "| part | new image us [CI] | same image us [CI] | text us [CI] |" in md
+    assert md.count("\n| L") == 12 and "whole stack" in md
+
+
+def test_throughput_segments_and_ratio() -> None:
+    assert throughput.segment_arms(3) == ["on", "off", "off", "on", "on", "off"]
+    done = [throughput.Done(0.0, t, "text", True, 256) for t in (1.0, 2.5, 3.0, 9.0)]
+    done.append(throughput.Done(0.0, 2.6, "text", False, 0, "boom"))
+    w = throughput.window_stats(done, 2.0, 4.0)
+    assert (w["requests"], w["errors"], w["output_tokens"], w["tokens_per_s"]) == (2, 1, 512, 256.0)
+    segs = []
+    for i, arm in enumerate(throughput.segment_arms(3)):
+        tps = 1000.0 if arm == "off" else 990.0
+        segs.append({"index": i, "pair": i // 2, "arm": arm, "requests": 10, "tokens_per_s": tps,
+                     "cpu_s": {"api": 1.0 if arm == "on" else 0.9, "scheduler": 2.0, "detokenizer": 0.1}})  # fmt: skip
+    s = throughput.summarize_segments(segs)
+    assert s["pairs"] == 3 and abs(s["tokens_per_s_ratio_on_off"] - 0.99) < 1e-9
+    assert s["arms"]["on"]["cpu_ms_per_request"]["api"] == 100.0 and s["arms"]["off"]["cpu_ms_per_request"]["api"] == 90.0
+    assert abs(s["cpu_per_request_ratio_on_off"]["api"] - 100 / 90) < 1e-3
+    segs[0]["flip_error"] = "504"  # a segment whose flip failed is left out, and its pair with it
+    assert throughput.summarize_segments(segs)["pairs"] == 2
+
+
+def test_client_ttft_is_the_first_sse_chunk_with_choices() -> None:
+    usage_only = b'data: {"id": "x", "choices": [], "usage": {"completion_tokens": 1}}\n\n'
+    first = b'data: {"id": "x", "choices": [{"delta": {"role": "assistant", "content": ""}}]}\n\n'
+    assert not carries_choices(b"[DONE]") and not carries_choices(b'{"error": {"message": "x"}}')
+    assert not carries_choices(usage_only[6:-2]) and carries_choices(first[6:-2])
+    assert _sse_events(first + b"data: {partial") == [first[6:-2]]
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    def chunked(*parts: bytes) -> bytes:
+        return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+
+    assert _dechunk(chunked(first, usage_only)) == first + usage_only
+    buf = bytearray(head + chunked(usage_only) + chunked(first)[:20])  # the choices chunk is still arriving
+    assert not _first_choices_seen(buf, buf.find(b"\r\n\r\n"))
+    buf = bytearray(head + chunked(usage_only, first))
+    assert _first_choices_seen(buf, buf.find(b"\r\n\r\n"))
+
+
+def test_procs_find_this_process_by_its_listening_port() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert procs.pid_listening_on(s.getsockname()[1]) == os.getpid()
+    found = procs.server_processes(os.getpid())
+    assert found["api"] == [os.getpid()] and set(found) == set(procs.ROLES)
+    assert (procs.cpu_seconds(os.getpid()) or 0) > 0 and procs.cpu_seconds(2**22 + 7) is None
+
+
+# -- the switch experiments end to end against a stand-in server --------------------------------------
+
+
+class FakeSwitchServer:
+    """A stand-in with the switch's HTTP contract and a streaming chat endpoint: it builds a record
+    (counted in ``/mmtrace/state`` api.records) for a request that arrives while on with ``records``,
+    and writes it (rid = the response id) to ``records`` with ``jsonl`` too."""
+
+    def __init__(self, records: Path) -> None:
+        import http.server
+        import threading
+
+        self.records = records
+        self.switch: dict[str, Any] = {"on": True, "parts": list(PARTS), "generation": 0}
+        self.posts: list[dict[str, Any]] = []
+        self.n = 0
+        self.written = 0
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _json(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._json(200, {"api": {"switch": dict(fake.switch), "records": fake.written}, "peers": {}})
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/mmtrace/enabled":
+                    if not isinstance(body.get("on"), bool):
+                        self._json(400, {"error": "bad body"})
+                        return
+                    with fake.lock:
+                        fake.posts.append(body)
+                        sw = fake.switch
+                        sw.update(on=body["on"], parts=list(body.get("parts") or PARTS), generation=sw["generation"] + 1)
+                        ans = {**sw, "processes": {"api:1": dict(sw), "scheduler:2": dict(sw), "detokenizer:3": dict(sw)}}
+                    self._json(200, ans)
+                    return
+                with fake.lock:
+                    fake.n += 1
+                    rid = f"{fake.n}-{uuid.uuid4().hex}"  # unique across servers, like SGLang's
+                    built = fake.switch["on"] and "records" in fake.switch["parts"]
+                    traced = built and "jsonl" in fake.switch["parts"]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for chunk in (
+                    {"id": rid, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+                    {"id": rid, "choices": [{"index": 0, "delta": {"content": "x"}}]},
+                    {"id": rid, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": body["max_tokens"]}},
+                ):
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                if built:
+                    with fake.lock, fake.records.open("a") as fh:
+                        if traced:
+                            fh.write(json.dumps({"rid": rid, "ttft_s": 0.001, "status": "ok"}) + "\n")
+                        fake.written += 1  # api.records counts built records, written or not
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        class Server(http.server.ThreadingHTTPServer):
+            request_queue_size = 128  # the default 5 drops connections on a loaded machine
+            daemon_threads = True
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_switch_experiments_against_a_stand_in_server(tmp_path: Path) -> None:
+    from sglang_mmtrace.bench import driver
+    from sglang_mmtrace.bench.targets import Target
+
+    records = tmp_path / "records.jsonl"
+    records.touch()
+    fake = FakeSwitchServer(records)
+    fake.switch.update(on=True, parts=["http", "tokenizer"])  # found partly on: put back like that
+    try:
+        opts = Options(n=3, warmup=1, size=(32, 24), seed=9, concurrency=(3,), max_tokens=4,
+                       segment_s=0.6, segments=2, settle_s=0.2, timeout=10, keep_records=True)  # fmt: skip
+        st = driver.Settings(experiments=[], opts=opts, records_timeout=5.0)
+        out = driver.Outcome()
+        target = Target("fake", fake.url, records, pid=os.getpid())
+        for name in ("overhead", "ablation", "throughput"):
+            driver.run_switched(target, name, st, out)
+            assert fake.switch["on"] is True and fake.switch["parts"] == ["http", "tokenizer"], name
+    finally:
+        fake.close()
+    ov = out.results["overhead"]
+    assert {k: v["n_pairs"] for k, v in ov["kinds"].items()} == {k: 3 for k in overhead.KINDS}
+    assert ov["records"] == {"on_ok": 9, "on_with_record": 9, "off_ok": 9, "off_with_record": 0}
+    lines = [ln for ln in out.lines if ln["bench"]["experiment"] == "overhead"]
+    assert len(lines) == 18 and all(ln["bench"]["record"] == (ln["bench"]["arm"] == "on") for ln in lines)
+    assert len({ln["bench"]["generation"] for ln in lines}) == 18  # one flip before every request
+    ab = out.results["ablation"]
+    assert ab["rounds"] == 3 and ab["requests_sent"] == 3 * 3 * 13
+    assert ab["records"]["expected"] == ab["records"]["expected_found"] == 3 * 3 * 4  # L9..L12 write records
+    assert ab["records"]["unexpected_found"] == 0
+    assert all(row[k]["n"] == 3 for row in ab["rows"] for k in overhead.KINDS)
+    tp = out.results["throughput"]
+    assert tp["config"]["clients"] == 3 and tp["config"]["max_tokens"] == 4
+    assert [s["arm"] for s in tp["segments"]] == ["on", "off", "off", "on"]
+    # (how many requests land in each window depends on the machine's load: not asserted)
+    assert all(s["output_tokens"] == 4 * s["requests"] for s in tp["segments"])
+    assert tp["requests_total"] > 0 and tp["errors_total"] == 0 and tp["summary"]["pairs"] <= 2
+    assert tp["processes"]["api"] == [os.getpid()]
+    # every body the bench sent was valid for the contract: on + parts, or off
+    assert all(set(b) in ({"on"}, {"on", "parts"}) for b in fake.posts)
+
+
+def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatch: Any) -> None:
+    """The crossover's launch loop with stand-in servers: each pair is started one server after the
+    other, the first one alternating by orientation; the A/A run follows; records only from the
+    plugin-on server of the A/B launches."""
+    from sglang_mmtrace.bench import driver
+    from sglang_mmtrace.bench.targets import LaunchConfig
+
+    events: list[tuple[str, str]] = []
+
+    class PairServer:
+        def __init__(self, name: str, plugin_enabled: bool, jsonl: Path | None) -> None:
+            self.name, self.plugin_enabled, self.jsonl_path = name, plugin_enabled, jsonl
+            self.process, self.startup_seconds, self.fake = None, 0.0, None
+
+        def start(self) -> Any:
+            self.fake = FakeSwitchServer(self.jsonl_path or tmp_path / f"{self.name}.none.jsonl")
+            self.fake.switch["on"] = self.plugin_enabled
+            events.append(("start", self.name))
+            return self
+
+        @property
+        def base_url(self) -> str:
+            assert self.fake is not None
+            return self.fake.url
+
+        def stop(self) -> None:
+            if self.fake is not None:
+                self.fake.close()
+                self.fake = None
+                events.append(("stop", self.name))
+
+    def make_server(cfg: Any, folder: Path, gpu: bool, plugin_enabled: bool, health: float, name: str) -> PairServer:
+        jsonl = folder / f"{name}.records.jsonl" if plugin_enabled else None
+        if jsonl is not None:
+            jsonl.touch()
+        return PairServer(name, plugin_enabled, jsonl)
+
+    monkeypatch.setattr(driver, "make_server", make_server)
+    opts = Options(n=2, warmup=0, size=(16, 16), seed=1, launches=1, timeout=10)
+    st = driver.Settings(experiments=[], opts=opts, launch=[LaunchConfig("cfg")], work_dir=tmp_path, records_timeout=5.0)
+    out = driver.Outcome()
+    saved: list[int] = []
+    driver.run_crossover(st, out, after_launch=lambda o: saved.append(len(o.results["overhead-crossover"]["launches"])))
+    starts = [n for e, n in events if e == "start"]
+    assert starts == [
+        "crossover-ab0-on", "crossover-ab0-off", "crossover-ab1-off", "crossover-ab1-on",
+        "crossover-aa0-on", "crossover-aa0-off", "crossover-aa1-off", "crossover-aa1-on",
+    ]  # fmt: skip
+    assert saved == [1, 2, 3, 4]
+    res = out.results["overhead-crossover"]
+    for run in ("ab", "aa"):
+        assert set(res[run]["orientations"]) == {"on-first", "off-first"}
+        assert all(res[run]["orientations"][o][k]["n_pairs"] == 2 for o in ("on-first", "off-first") for k in overhead.KINDS)
+        assert res[run]["geomean"]["text"]["orientations"] == 2
+    assert res["ab"]["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 12, "off_with_record": 0}
+    assert res["aa"]["records"]["on_with_record"] == 0
+    assert len(out.lines) == 4 * 2 * 3 * 2

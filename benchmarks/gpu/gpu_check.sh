@@ -6,8 +6,9 @@
 #
 # Phases: doctor (sglang-mmtrace doctor), ipc (default feature transport), cpu (--mm-feature-transport
 # cpu), nsys (ipc under Nsight Systems: records, the sqlite export trimmed, `sglang-mmtrace nsys`),
-# ab (plugin on vs off, two servers, requests interleaved: benchmarks/gpu/ab_017.py).
-# Env: SGLANG_GPU_FLAGS (server flags), ROUNDS (5), AB_ROUNDS (30), BUDGET_S (570), NSYS (nsys binary),
+# overhead (the plugin's cost: same-instance on/off by the runtime switch, ablation by part, throughput,
+# then the two-server crossover if time is left: benchmarks/gpu/overhead_017.py, results in OUTDIR/overhead).
+# Env: SGLANG_GPU_FLAGS (server flags), ROUNDS (5), BUDGET_S (570), NSYS (nsys binary),
 # QDSTRM_IMPORTER + NSYS_IMPORTER_LIBS (only where `nsys profile` stops at a .qdstrm, as on the H200 here).
 set -u
 OUT=${1:?usage: gpu_check.sh OUTDIR [PHASE ...]}; shift
@@ -39,8 +40,7 @@ for phase in $PHASES; do
         python3 benchmarks/gpu/trim_nsys_sqlite.py $P.sqlite "$OUT/nsys_trimmed.sqlite" && \
         python3 -m sglang_mmtrace.cli.main nsys $P.sqlite --records "$OUT/records_nsys.jsonl" | tee "$OUT/nsys_summary.txt"
       ;;
-    ab) python3 benchmarks/gpu/ab_017.py --model "$MODEL" --out "$OUT" --rounds "${AB_ROUNDS:-30}" --deadline "$DEADLINE"
-        for a in on off; do server_log ab_$a; done ;;
+    overhead) python3 benchmarks/gpu/overhead_017.py --model "$MODEL" --out "$OUT/overhead" --deadline "$DEADLINE" ;;
     *) log "unknown phase $phase" ;;
   esac
   log "phase $phase done"

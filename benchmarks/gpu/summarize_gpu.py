@@ -2,7 +2,8 @@
 
     python -m benchmarks.gpu.summarize_gpu benchmarks/results/gpu-h200-0.5.17
 
-Reads ``ab_raw.json`` + ``records_ab_on.jsonl`` (plugin on vs off, cuda_ipc, interleaved) and
+Reads ``ab_raw.json`` + ``records_ab_on.jsonl`` (plugin on vs off, cuda_ipc, interleaved; written by the
+two-server ``ab_017.py`` of 2026-11-29, since replaced by ``overhead_017.py``) and
 ``records_cpu.jsonl`` (``--mm-feature-transport cpu``); prints markdown: per-stage p50 for a new vs a
 repeated image under each transport, and the TTFT medians on vs off with a bootstrap interval of the
 paired ratio.

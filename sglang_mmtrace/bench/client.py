@@ -1,8 +1,9 @@
-"""A streaming chat client that timestamps the first SSE ``data:`` line (client-observed TTFT).
+"""A streaming chat client that timestamps the first SSE chunk carrying ``choices`` (client TTFT).
 
-Raw sockets instead of ``http.client``: the first-byte time must be taken when the bytes arrive,
+Raw sockets instead of ``http.client``: the first-chunk time must be taken when its bytes arrive,
 not when a library hands over a parsed line. Token counts come from ``usage``
-(``stream_options.include_usage``), never from the number of chunks.
+(``stream_options.include_usage``), never from the number of chunks. ``timed_chat`` is the one
+definition of client TTFT that every experiment uses.
 """
 
 from __future__ import annotations
@@ -41,19 +42,24 @@ def host_port(base_url: str) -> tuple[str, int]:
 
 
 def _dechunk(raw: bytes) -> bytes:
+    """HTTP chunked transfer-encoding -> the body; a truncated tail (still arriving) is cut where it ends."""
     out, i = bytearray(), 0
     while True:
         j = raw.find(b"\r\n", i)
         if j < 0:
             return bytes(out)
-        size = int(raw[i:j].split(b";")[0] or b"0", 16)
+        try:
+            size = int(raw[i:j].split(b";")[0] or b"0", 16)
+        except ValueError:
+            return bytes(out)
         if size == 0:
             return bytes(out)
         out += raw[j + 2 : j + 2 + size]
         i = j + 2 + size + 2
 
 
-def chat_body(messages: list[dict[str, Any]], max_tokens: int) -> bytes:
+def chat_body(messages: list[dict[str, Any]], max_tokens: int, extra: dict[str, Any] | None = None) -> bytes:
+    """A greedy streamed chat request with usage; ``extra`` adds fields (e.g. ``{"ignore_eos": True}``)."""
     return json.dumps(
         {
             "model": "default",
@@ -62,21 +68,58 @@ def chat_body(messages: list[dict[str, Any]], max_tokens: int) -> bytes:
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **(extra or {}),
         }
     ).encode()
 
 
+def _sse_events(payload: bytes) -> list[bytes]:
+    """The ``data:`` contents of the complete SSE events in ``payload`` (an unterminated last one is left)."""
+    events = payload.replace(b"\r\n", b"\n").split(b"\n\n")[:-1]
+    out = []
+    for ev in events:
+        data = b"\n".join(line[5:].strip() for line in ev.split(b"\n") if line.startswith(b"data:"))
+        if data:
+            out.append(data)
+    return out
+
+
+def carries_choices(data: bytes) -> bool:
+    """An SSE event's data is a chunk with a non-empty ``choices`` list (not ``[DONE]``, an error
+    event, or the usage-only chunk at the end)."""
+    if data == b"[DONE]":
+        return False
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(chunk, dict) and bool(chunk.get("choices"))
+
+
+def _first_choices_seen(buf: bytearray, header_end: int) -> bool:
+    header = bytes(buf[:header_end]).lower()
+    payload = bytes(buf[header_end + 4 :])
+    if b"transfer-encoding: chunked" in header:
+        payload = _dechunk(payload)
+    return any(carries_choices(d) for d in _sse_events(payload))
+
+
 def timed_chat(
-    base_url: str, messages: list[dict[str, Any]], max_tokens: int = 8, timeout: float = 120.0
+    base_url: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int = 8,
+    timeout: float = 120.0,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """POST a streamed chat completion; return ``ttft_s``, ``e2e_s``, ``id``, ``n_chunks``, ``usage``.
 
-    TTFT runs from just before the request is written to the first received bytes holding an SSE
-    ``data:`` line; e2e to the end of the response. Raises ``RequestFailed`` (or ``OSError`` on a
-    timeout or refused connection).
+    TTFT runs from just before the request is written to the arrival of the bytes that complete the
+    first SSE event whose chunk carries ``choices`` (SGLang's first chunk, sent once the first token
+    is out); e2e to the end of the response. Raises ``RequestFailed`` (or ``OSError`` on a timeout or
+    refused connection).
     """
     host, port = host_port(base_url)
-    body = chat_body(messages, max_tokens)
+    body = chat_body(messages, max_tokens, extra)
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
         f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -97,7 +140,7 @@ def timed_chat(
             buf += data
             if header_end < 0:
                 header_end = buf.find(b"\r\n\r\n")
-            if t_first is None and header_end >= 0 and buf.find(b"data:", header_end) >= 0:
+            if t_first is None and header_end >= 0 and _first_choices_seen(buf, header_end):
                 t_first = t
         t_end = time.perf_counter()
     finally:
@@ -120,7 +163,7 @@ def timed_chat(
                     raise RequestFailed(f"SSE error event: {str(chunk['error'])[:300]}")
                 chunks.append(chunk)
     if t_first is None:
-        raise RequestFailed("response carried no SSE data line")
+        raise RequestFailed("response carried no SSE chunk with choices")
     usage = next((c["usage"] for c in reversed(chunks) if c.get("usage")), None)
     return {
         "ttft_s": t_first - t0,
@@ -131,11 +174,13 @@ def timed_chat(
     }
 
 
-def send(base_url: str, messages: list[dict[str, Any]], max_tokens: int, timeout: float) -> ChatResult:
+def send(
+    base_url: str, messages: list[dict[str, Any]], max_tokens: int, timeout: float, extra: dict[str, Any] | None = None
+) -> ChatResult:
     """``timed_chat`` that never raises: a failure is a result with ``ok=False`` and the error."""
     res = ChatResult(sent_unix_s=time.time())
     try:
-        out = timed_chat(base_url, messages, max_tokens=max_tokens, timeout=timeout)
+        out = timed_chat(base_url, messages, max_tokens=max_tokens, timeout=timeout, extra=extra)
     except (OSError, RequestFailed, ValueError) as exc:  # a timeout is an OSError
         res.error = f"{type(exc).__name__}: {exc}"[:400]
         return res

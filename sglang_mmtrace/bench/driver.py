@@ -1,17 +1,32 @@
-"""Run the chosen experiments on their targets, one server at a time, and collect output lines."""
+"""Run the chosen experiments on their targets, one server at a time; collect output lines, results, notes.
+
+Per-target experiments run against one server: the ``--url``, or each ``--launch`` configuration in
+turn (plugin installed). Among them the switch experiments (``overhead``, ``ablation``,
+``throughput``) flip that server's runtime switch and put it back as they found it. ``caches`` and
+``transport`` launch one configuration after another; ``overhead-crossover`` launches server pairs,
+one server after the other.
+"""
 
 from __future__ import annotations
 
+import math
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import ablation as abl
 from . import experiments as ex
-from .overhead import ARMS, KINDS, Pauser, paired_summary, run_rounds, start_pair
+from . import overhead as oh
+from . import throughput as tp
+from .client import host_port
+from .procs import pid_listening_on
 from .records import RecordsTail
-from .runner import Sent, progress_bar, run_concurrent, run_sequential, to_lines, wait_idle
+from .runner import Sent, run_concurrent, run_sequential, to_lines, wait_idle
+from .switchctl import Flipper
 from .targets import LaunchConfig, Target, default_config, launched, make_server
 
 
@@ -27,13 +42,14 @@ class Settings:
     health_timeout: float = 600.0
     pause_other: bool = True
     work_dir: Path | None = None
+    server_pid: int | None = None  # throughput with --url: the API process (default: found by port)
 
 
 @dataclass
 class Outcome:
     lines: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    overhead: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, Any] = field(default_factory=dict)  # experiment -> its summary (overhead, ablation, ...)
 
 
 def log(msg: str) -> None:
@@ -41,9 +57,12 @@ def log(msg: str) -> None:
 
 
 def run_per_target(target: Target, names: list[str], st: Settings, out: Outcome) -> None:
-    """new-vs-repeat, order, concurrency against one server (url or launched)."""
+    """new-vs-repeat, order, concurrency and the switch experiments against one server (url or launched)."""
     opts = st.opts
     for name in names:
+        if name in ex.SWITCHED:
+            run_switched(target, name, st, out)
+            continue
         tail = RecordsTail(target.records)
         sent: list[Sent] = []
         if name == "new-vs-repeat":
@@ -58,6 +77,68 @@ def run_per_target(target: Target, names: list[str], st: Settings, out: Outcome)
                 sent += run_concurrent(target, plan, c, opts, f"concurrency {c}")
         out.lines += to_lines(sent, tail, target.label, timeout=st.records_timeout)
         log(f"{name} on '{target.label}': {sum(1 for p, _ in sent if not p.warmup)} requests")
+
+
+def _result_key(out: Outcome, name: str, target: Target) -> str:
+    return name if name not in out.results else f"{name} [{target.label}]"
+
+
+def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
+    """overhead / ablation / throughput on one instance: flip its runtime switch (SwitchError if it
+    has none), restore the switch as found, keep the summary in ``out.results``."""
+    opts = st.opts
+    flipper = Flipper(target.base_url)
+    tail = RecordsTail(target.records)
+    workload = oh.workload_for(opts, name)
+    n = opts.n_for(name)
+    sent: list[Sent] = []
+    result: dict[str, Any] = {}
+    try:
+        if name == "overhead":
+            plan = oh.paired_plan(name, n, opts.warmup, workload)
+            log(f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x on/off, switch flipped per request")
+        elif name == "ablation":
+            plan = abl.ablation_plan(n, min(opts.warmup, 1), workload, opts.seed)
+            log(f"ablation on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {len(abl.PARTS) + 1} levels")
+        else:
+            plan = []
+            pid = target.pid or st.server_pid or pid_listening_on(host_port(target.base_url)[1])
+            result = tp.run_throughput(target.base_url, flipper, opts, pid)
+        if plan:
+            if not opts.keep_records:  # the next flip discards them: none is expected (any found is reported)
+                for p in plan:
+                    p.extra["expect_record"] = False
+            route = oh.switch_route(flipper, gap_s=opts.gap_s, keep_records=opts.keep_records)
+            sent = run_sequential(target, plan, opts, name, route=route, max_failures=max(5, len(plan) // 20))
+    finally:
+        flipper.restore()
+    if name == "throughput":
+        out.notes += tp.notes(result)
+    else:
+        lines = to_lines(sent, tail, target.label, timeout=st.records_timeout)
+        out.lines += lines
+        if name == "overhead":
+            result = oh.summary(lines)
+            out.notes += oh.notes(result, f"overhead on '{target.label}' (same instance, runtime switch)")
+        else:
+            result = abl.ablation_summary(lines)
+            result["markdown"] = abl.ablation_markdown(result)
+            out.notes += [f"== ablation on '{target.label}' (same instance, runtime switch)", result["markdown"]]
+            result["records"] = {
+                "expected": sum(1 for ln in lines if ln["bench"]["ok"] and ln["bench"]["expect_record"]),
+                "expected_found": sum(1 for ln in lines if ln["bench"]["ok"] and ln["bench"]["expect_record"] and ln["bench"]["record"]),
+                "unexpected_found": sum(1 for ln in lines if ln["bench"]["ok"] and not ln["bench"]["expect_record"] and ln["bench"]["record"]),
+            }  # fmt: skip
+        result["rounds_planned"] = n
+        result["requests_sent"] = sum(1 for p, _ in sent if not p.warmup)
+    result["target"] = target.label
+    result["records_known"] = target.records is not None
+    result["switch"] = flipper.stats()
+    result["gap_s"] = opts.gap_s
+    result["keep_records"] = opts.keep_records
+    if name != "throughput" and not opts.keep_records:
+        out.notes.append(f"note: {name}: records not kept (a flip discards them; --keep-records waits ~2 s per request)")
+    out.results[_result_key(out, name, target)] = result
 
 
 def _folder(st: Settings) -> Path:
@@ -89,78 +170,56 @@ def caches_configs(st: Settings) -> list[LaunchConfig]:
     ]
 
 
-def run_overhead(st: Settings, out: Outcome) -> None:
-    """Two servers side by side, plugin off and on, the requests interleaved (``overhead.py``)."""
+def run_crossover(st: Settings, out: Outcome, after_launch: Callable[[Outcome], None] | None = None) -> None:
+    """overhead-crossover: server pairs (SGLANG_MMTRACE=1 / =0), started one after the other, the
+    orientation (which arm's server starts first) alternating over ``2 * launches`` launches; then
+    the A/A control (both =0) the same way. Stops launching when the deadline would be passed.
+    ``out.results["overhead-crossover"]`` is brought up to date after every launch, and
+    ``after_launch(out)`` called (a driver with a hard time limit saves it there)."""
+    name = "overhead-crossover"
     cfg = st.launch[0] if st.launch else default_config(st.gpu)
     folder = _folder(st)
-    log(f"overhead: starting a plugin-off and a plugin-on server with '{cfg.label}' ...")
-    servers = start_pair(
-        lambda arm: make_server(cfg, folder, st.gpu, arm == "on", st.health_timeout, name=f"overhead-{arm}")
-    )
-    tail = RecordsTail(servers["on"].jsonl_path)
-    pauser = Pauser(servers, enabled=st.pause_other, settle_s=0.1)
     opts = st.opts
-    try:
-        with progress_bar(opts.n * len(KINDS) * len(ARMS), "overhead") as tick:
-            run = run_rounds(
-                servers, opts.n, opts.warmup, opts.seed, pauser, request_timeout=opts.timeout,
-                max_failures=max(5, opts.n), size=opts.size, label=opts.nonce, max_tokens=opts.max_tokens,
-                progress=tick,
+    n = opts.n_for(name)
+    workload = oh.workload_for(opts, name)
+    lines: list[dict[str, Any]] = []
+    launches: list[dict[str, Any]] = []
+    longest = 0.0
+    schedule = [(r, c, j) for r, c in (("ab", False), ("aa", True)) if opts.aa or not c for j in range(2 * opts.launches)]
+    for run_name, control, j in schedule:
+        orientation = oh.ORIENTATIONS[j % 2]
+        if opts.deadline is not None and time.time() + 1.1 * longest > opts.deadline:
+            out.notes.append(f"note: overhead-crossover stopped before {run_name} launch {j}: deadline")
+            break
+
+        def make(arm: str, run_name: str = run_name, control: bool = control, j: int = j) -> Any:
+            on = arm == "on" and not control
+            return make_server(cfg, folder, st.gpu, on, st.health_timeout, name=f"crossover-{run_name}{j}-{arm}")
+
+        extra = {"run": run_name, "launch": len(launches), "orientation": orientation}
+        if control:
+            extra["expect_record"] = False
+        plan = oh.paired_plan(name, n, opts.warmup, workload, extra, slot_tag=f" {run_name}{j}")
+        t0 = time.monotonic()
+        try:
+            lr = oh.run_launch(
+                make, "on" if orientation == "on-first" else "off", plan, opts, st.pause_other,
+                f"crossover {run_name} launch {j} ({orientation})", records_timeout=st.records_timeout,
             )  # fmt: skip
-        pauser.resume_all()
-        # records are written after a grace period: collect them before the server stops
-        found = tail.wait([r["id"] for r in run.rows if r["arm"] == "on" and r.get("id")], st.records_timeout)
-    finally:
-        pauser.resume_all()
-        for srv in servers.values():
-            srv.stop()
-    for r in run.rows:
-        rec = found.get(r["id"]) if r["arm"] == "on" and r.get("id") else None
-        line: dict[str, Any] = dict(rec) if rec else {"rid": r.get("id")}
-        line["bench"] = _overhead_bench(r, rec is not None, cfg.label)
-        out.lines.append(line)
-    for f in run.failures:
-        out.lines.append({"rid": None, "bench": _overhead_bench(f, False, cfg.label)})
-    out.overhead = {kind: paired_summary(run.rows, kind) for kind in KINDS}
-    out.overhead["health_last_round"] = run.health[-1] if run.health else None
-
-
-def _overhead_bench(r: dict[str, Any], record: bool, target: str) -> dict[str, Any]:
-    from .client import usage_tokens
-
-    ok = "error" not in r
-    return {
-        "experiment": "overhead",
-        "variant": f"{r['kind']}: plugin {r['arm']}",
-        "variant_index": ARMS.index(r["arm"]),
-        "group": r["kind"],
-        "round": r["round"],
-        "target": target,
-        "arm": r["arm"],
-        "client_ttft_s": r.get("ttft_s"),
-        "client_e2e_s": r.get("e2e_s"),
-        "ok": ok,
-        "error": None if ok else r["error"],
-        "record": record,
-        "usage": usage_tokens(r.get("usage")) if r.get("usage") else None,
-    }
-
-
-def overhead_notes(summary: dict[str, Any]) -> list[str]:
-    out = ["== overhead: TTFT plugin on / off (median ratio, bootstrap 95% CI over paired rounds)"]
-    for kind in KINDS:
-        s = summary.get(kind) or {}
-        if not s.get("n_pairs"):
-            out.append(f"   {kind}: no complete pairs")
+        except (RuntimeError, TimeoutError, OSError) as exc:  # a pair that did not start: note it, go on
+            out.notes.append(f"note: overhead-crossover {run_name} launch {j} failed: {str(exc)[:300]}")
+            launches.append({"run": run_name, "orientation": orientation, "error": str(exc)[:2000]})
             continue
-        lo, hi = s["ttft_ratio_ci95"]
-        dlo, dhi = s["ttft_paired_delta_ci95_ms"]
-        out.append(
-            f"   {kind:<11} n={s['n_pairs']:<4} off {s['ttft_off_median_ms']:.1f} ms, on {s['ttft_on_median_ms']:.1f} ms, "
-            f"ratio {s['ttft_ratio_on_off']:.3f} [{lo:.3f}, {hi:.3f}], paired delta "
-            f"{s['ttft_paired_delta_median_ms']:+.2f} ms [{dlo:+.2f}, {dhi:+.2f}]"
-        )
-    return out
+        longest = max(longest, time.monotonic() - t0)
+        lines += lr.lines
+        launches.append({"run": run_name, "orientation": orientation, "startup_s": lr.startup_s,
+                         "health_last_round": lr.health[-1] if lr.health else None})  # fmt: skip
+        out.results[name] = {**oh.crossover_summary(lines), "launches": launches, "rounds_per_launch": n, "config": cfg.label}
+        if after_launch is not None:
+            after_launch(out)
+    out.lines += lines
+    out.results.setdefault(name, {"launches": launches, "rounds_per_launch": n, "config": cfg.label})
+    out.notes += oh.crossover_notes(out.results[name])
 
 
 def run(st: Settings) -> Outcome:
@@ -172,12 +231,12 @@ def run(st: Settings) -> Outcome:
                 out.notes.append(
                     "note: no --records given: client-side TTFT only (pass the server's SGLANG_MMTRACE_JSONL)"
                 )
-            run_per_target(Target(st.url, st.url, st.records), per_target, st, out)
+            run_per_target(Target(st.url, st.url, st.records, st.server_pid), per_target, st, out)
         else:
             for cfg in st.launch or [default_config(st.gpu)]:
                 with launched(cfg, _folder(st), st.gpu, st.health_timeout) as target:
                     run_per_target(target, per_target, st, out)
-    launched_here = [e for e in st.experiments if e in ("caches", "overhead") or (e == "transport" and st.gpu)]
+    launched_here = [e for e in st.experiments if e in ("caches", "overhead-crossover") or (e == "transport" and st.gpu)]
     if st.url and launched_here:
         out.notes.append(f"note: {', '.join(launched_here)} launched their own servers (not {st.url})")
     if "caches" in st.experiments:
@@ -189,11 +248,21 @@ def run(st: Settings) -> Outcome:
             base = st.launch[0] if st.launch else default_config(True)
             configs = [base.with_args("--mm-feature-transport", m, label=m) for m in ("cpu", "cuda_ipc")]
             run_configs("transport", configs, st, out)
-    if "overhead" in st.experiments:
-        run_overhead(st, out)
-        out.notes += overhead_notes(out.overhead)
-    expected = [ln for ln in out.lines if ln["bench"]["ok"] and ln["bench"].get("arm") != "off"]
+    if "overhead-crossover" in st.experiments:
+        run_crossover(st, out)
+    ok = [ln for ln in out.lines if ln["bench"]["ok"]]
+    expected = [ln for ln in ok if ln["bench"].get("expect_record", True)]
     missing = sum(1 for ln in expected if not ln["bench"]["record"])
     if missing and (st.records is not None or not st.url):
         out.notes.append(f"note: {missing} of {len(expected)} successful requests have no plugin record")
+    unexpected = sum(1 for ln in ok if not ln["bench"].get("expect_record", True) and ln["bench"]["record"])
+    if unexpected:
+        out.notes.append(f"note: {unexpected} requests sent with the plugin (or its jsonl part) off have a record")
     return out
+
+
+def estimate_rounds(seconds: float, per_request_s: float, requests_per_round: int, wanted: int) -> int:
+    """How many rounds fit into ``seconds`` (at least 1, at most ``wanted``)."""
+    if per_request_s <= 0:
+        return wanted
+    return max(1, min(wanted, math.floor(seconds / (per_request_s * requests_per_round))))

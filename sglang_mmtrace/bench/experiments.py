@@ -27,27 +27,65 @@ STEMS = (
     "what does the background look like?",
     "name one object you can see.",
 )
-# Per-target experiments run against any server; the rest launch their own server configurations.
-PER_TARGET = ("new-vs-repeat", "order", "concurrency")
-LAUNCHED = ("caches", "transport", "overhead")
+# Per-target experiments run against any one server (a --url, or each --launch configuration in
+# turn); the switch experiments among them flip the plugin's runtime switch of that one instance.
+# The rest launch their own server configurations.
+SWITCHED = ("overhead", "ablation", "throughput")
+PER_TARGET = ("new-vs-repeat", "order", "concurrency", *SWITCHED)
+LAUNCHED = ("caches", "transport", "overhead-crossover")
 ALL = (*PER_TARGET, *LAUNCHED)
 CONCURRENCY_DEFAULT = (1, 4, 16, 64)
+THROUGHPUT_CLIENTS = 64
+# Rounds (pairs per kind, rounds per level, rounds per launch) when --n is not given.
+DEFAULT_N = {"overhead": 200, "ablation": 60, "overhead-crossover": 50}
+# The overhead experiments' images: 640x480 JPEG (the others: --size, 512x512 PNG).
+OVERHEAD_SIZE = (640, 480)
 
 
 @dataclass
 class Options:
-    n: int = 20
+    """The bench's knobs; ``None`` means the experiment's own default (``n_for``, ``size_for``, ...)."""
+
+    n: int | None = None
     questions: int = 100
-    size: tuple[int, int] = (512, 512)
+    size: tuple[int, int] | None = None
     warmup: int = 2
-    max_tokens: int = 8
+    max_tokens: int | None = None
     seed: int = 0
-    concurrency: tuple[int, ...] = CONCURRENCY_DEFAULT
+    concurrency: tuple[int, ...] | None = None
     timeout: float = 120.0
+    segment_s: float = 25.0  # throughput: seconds per segment
+    segments: int = 3  # throughput: segments per arm
+    settle_s: float = 2.0  # throughput: excluded after each flip
+    gap_s: float = 0.1  # overhead / ablation: idle gap between a response's end and the next request
+    keep_records: bool = False  # overhead / ablation: wait before a flip so the last request keeps its record
+    launches: int = 2  # overhead-crossover: launches per orientation (A/B, and A/A unless aa is False)
+    aa: bool = True  # overhead-crossover: also the A/A control (both servers SGLANG_MMTRACE=0)
+    deadline: float | None = None  # wall-clock epoch seconds: stop sending new requests after it
 
     @property
     def nonce(self) -> str:
         return f"{self.seed & 0xFFFFFFFF:08x}"
+
+    def n_for(self, experiment: str) -> int:
+        return self.n if self.n is not None else DEFAULT_N.get(experiment, 20)
+
+    def size_for(self, experiment: str) -> tuple[int, int]:
+        if self.size is not None:
+            return self.size
+        return OVERHEAD_SIZE if experiment in (*SWITCHED, "overhead-crossover") else (512, 512)
+
+    def max_tokens_for(self, experiment: str) -> int:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return 256 if experiment == "throughput" else 8
+
+    def concurrency_levels(self) -> tuple[int, ...]:
+        return self.concurrency or CONCURRENCY_DEFAULT
+
+    def throughput_clients(self) -> int:
+        """``--concurrency`` if given (its largest value), else 64."""
+        return max(self.concurrency) if self.concurrency else THROUGHPUT_CLIENTS
 
 
 @dataclass
@@ -72,7 +110,7 @@ class Images:
 
     def new(self) -> str:
         self.i += 1
-        w, h = self.opts.size
+        w, h = self.opts.size or (512, 512)
         seed = (self.opts.seed * 7919 + zlib.crc32(self.tag.encode()) % 100_003 + self.i) & 0x7FFFFFFF
         return data_url(make_image(w, h, seed, label=f"{self.opts.nonce} {self.tag} {self.i}"))
 
@@ -93,7 +131,7 @@ def new_vs_repeat(opts: Options) -> list[Planned]:
         Planned(exp, variants[0], 0, "image", [image_message(QUESTION, [imgs.new()])], -1, warmup=True)
         for _ in range(opts.warmup)
     ]
-    for r in range(opts.n):
+    for r in range(opts.n_for(exp)):
         pair = [
             Planned(exp, variants[0], 0, "image", [image_message(QUESTION, [imgs.new()])], r),
             Planned(exp, variants[1], 1, "image", [image_message(QUESTION, [same])], r),
@@ -129,10 +167,10 @@ def concurrency_levels(opts: Options) -> tuple[list[Planned], list[tuple[int, li
     exp = "concurrency"
     warm = [Planned(exp, "warm-up", 0, exp, [image_message(QUESTION, [imgs.new()])], -1, True) for _ in range(opts.warmup)]
     levels = []
-    for idx, c in enumerate(opts.concurrency):
+    for idx, c in enumerate(opts.concurrency_levels()):
         reqs = [
             Planned(exp, f"{c} clients", idx, exp, [image_message(QUESTION, [imgs.new()])], r, extra={"concurrency": c})
-            for r in range(max(opts.n, c))
+            for r in range(max(opts.n_for(exp), c))
         ]
         levels.append((c, reqs))
     return warm, levels
@@ -161,7 +199,7 @@ def cache_requests(opts: Options, exp: str, config_label: str, config_index: int
         )
 
     plan = [req(CACHE_KINDS[1], -1, True)] + [req(CACHE_KINDS[0], -1, True) for _ in range(opts.warmup)]
-    for r in range(opts.n):
+    for r in range(opts.n_for(exp)):
         kinds = list(CACHE_KINDS)
         rng.shuffle(kinds)
         plan += [req(k, r) for k in kinds]

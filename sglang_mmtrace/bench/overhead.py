@@ -1,66 +1,171 @@
-"""Plugin on vs off, interleaved in one run: two servers side by side (``SGLANG_MMTRACE=1`` / ``=0``,
-same arguments), each request kind sent to both in a random A/B order per round.
+"""Plugin on vs off, one request in flight, the arms interleaved request by request.
 
-Shared by ``sglang-mmtrace bench --experiment overhead`` and ``benchmarks/ttft_ab.py``. Per kind it
-reports the median TTFT off/on, their ratio with a bootstrap interval over paired rounds, and the
-median paired difference (on - off) with its interval.
+Two ways to get the arms, one plan and one analysis:
+
+- ``overhead`` (same instance): one server with the plugin installed; the plugin's runtime switch
+  (``POST /mmtrace/enabled``) is flipped before each request, outside the timed region, and every
+  request starts the same idle gap after the previous one ended (``switch_route``). A flip discards
+  the record of a request still open on the server (SGLang holds a streamed request ~2 s past its
+  last byte), so records are kept only with ``keep_records`` (a wait before each flip that follows a
+  request with records on, until its record is built). Instance-to-instance differences (5-15% of TTFT between two servers on the
+  H200) cancel.
+- ``overhead-crossover`` (installed vs not installed at all): two servers, ``SGLANG_MMTRACE=1`` and
+  ``=0``, started one after the other and alive together; the server not being measured is paused
+  (SIGSTOP) on a CPU. Launches alternate the orientation (which arm's server starts first); each
+  orientation's ratio and their geometric mean are reported, and an A/A run (both servers
+  ``SGLANG_MMTRACE=0``) the same way for the noise floor. ``benchmarks/ttft_ab.py`` runs one launch.
+
+Plan (``paired_plan``): per round, for each kind (``new_image``: a new 640x480 JPEG per request;
+``same_image``: one fixed JPEG repeated; ``text``: a new text prompt per request), one request per
+arm, the leading arm alternating strictly by round (even rounds: on first). Untimed warm-up rounds
+come first. Analysis (``paired_summary``): per kind the median TTFT off/on, the paired ratio of
+medians with a bootstrap 95% interval over rounds, the median paired difference (on - off) with its
+interval, and whether the target (ratio <= 1.005 and upper bound <= 1.01) is met.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..harness import data_url, image_message, make_image
 from ..harness.server import CpuServer, _session_pids
-from .client import timed_chat
+from .experiments import OVERHEAD_SIZE, Options, Planned
+from .procs import cpu_seconds, rss_mb
 from .records import RecordsTail
-from .stats import bootstrap_median_ci, paired_ratio_ci
+from .runner import run_sequential, to_lines
+from .stats import bootstrap_median_ci, geomean_ratio_ci, paired_ratio_ci
+from .switchctl import PARTS, Flipper
 
 KINDS = ("new_image", "same_image", "text")
 QUESTION = "Describe this image in one word."
 MAX_TOKENS = 8
 ARMS = ("off", "on")
+ORIENTATIONS = ("on-first", "off-first")  # which arm's server was started first
+TARGET_RATIO = 1.005
+TARGET_UPPER = 1.01
 
 
-def messages_for(kind: str, round_no: int, image_url: str) -> list[dict[str, Any]]:
-    if kind == "text":
-        return [{"role": "user", "content": f"Round {round_no}: name one colour and one shape."}]
-    return [image_message(QUESTION, [image_url])]
+class Workload:
+    """The content of the requests. Every ``new_image`` / ``text`` request gets its own image /
+    prompt (keyed by round and slot, labelled with the run's nonce), so it is new to the server
+    even when both arms hit the same instance; ``same_image`` is one fixed JPEG."""
+
+    def __init__(self, seed: int, nonce: str, size: tuple[int, int] = OVERHEAD_SIZE) -> None:
+        self.seed, self.nonce, self.size = seed, nonce, size
+        self.same_url = self._image("same")
+
+    def _image(self, key: str) -> str:
+        s = (self.seed * 7919 + zlib.crc32(key.encode())) & 0x7FFFFFFF
+        return data_url(make_image(*self.size, s, fmt="JPEG", label=f"{self.nonce} {key}"), fmt="JPEG")
+
+    def messages(self, kind: str, round_no: int, slot: str) -> list[dict[str, Any]]:
+        if kind == "same_image":
+            return [image_message(QUESTION, [self.same_url])]
+        if kind == "new_image":
+            return [image_message(QUESTION, [self._image(f"{round_no} {slot}")])]
+        if kind == "text":
+            return [{"role": "user", "content": f"{self.nonce} {round_no} {slot}: name one colour and one shape."}]
+        raise ValueError(f"unknown kind {kind!r}")
 
 
-def start_pair(make: Callable[[str], CpuServer]) -> dict[str, CpuServer]:
-    """Start ``make("off")`` and ``make("on")`` in parallel; stop both if either fails."""
-    servers = {arm: make(arm) for arm in ARMS}
-    errors: dict[str, BaseException] = {}
+def workload_for(opts: Options, experiment: str) -> Workload:
+    return Workload(opts.seed, opts.nonce, opts.size_for(experiment))
 
-    def start(name: str) -> None:
-        try:
-            servers[name].start()
-        except BaseException as exc:
-            errors[name] = exc
 
-    threads = [threading.Thread(target=start, args=(n,)) for n in servers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
+def arm_order(round_no: int) -> tuple[str, str]:
+    """The leading arm alternates strictly by round: even rounds on first, odd rounds off first."""
+    return ("on", "off") if round_no % 2 == 0 else ("off", "on")
+
+
+def paired_plan(
+    experiment: str,
+    rounds: int,
+    warmup_rounds: int,
+    workload: Workload,
+    extra: dict[str, Any] | None = None,
+    slot_tag: str = "",
+) -> list[Planned]:
+    """Warm-up rounds (round < 0, excluded), then ``rounds`` rounds: each kind, both arms, in
+    ``arm_order``. ``extra`` goes into every request (launch, orientation, ...); an 'off' request
+    expects no record, an 'on' request one (``extra`` may override ``expect_record``)."""
+    plan = []
+    for r in range(-warmup_rounds, rounds):
+        for kind in KINDS:
+            for pos, arm in enumerate(arm_order(r)):
+                info = {"kind": kind, "arm": arm, "order": pos, "expect_record": arm == "on", **(extra or {})}
+                plan.append(
+                    Planned(
+                        experiment, f"{kind}: plugin {arm}", ARMS.index(arm), kind,
+                        workload.messages(kind, r, f"{arm}{slot_tag}"), r, warmup=r < 0, extra=info,
+                    )  # fmt: skip
+                )
+    return plan
+
+
+# -- same instance: the runtime switch ------------------------------------------------------------
+
+
+def builds_record(p: Planned) -> bool:
+    """The request runs with the plugin's ``records`` part on (the collector builds its record)."""
+    parts = p.extra.get("parts")
+    return p.extra.get("arm") == "on" and (parts is None or "records" in parts)
+
+
+def switch_route(
+    flipper: Flipper, gap_s: float = 0.0, keep_records: bool = False, parts: tuple[str, ...] = PARTS
+) -> Callable[[Planned], str]:
+    """Before each request, outside the timed region: with ``keep_records``, if the previous request
+    runs with records on, wait until the plugin has built its record (a flip discards the record of
+    a request that has not ended on the server, and SGLang keeps a streamed request open ~2 s after
+    its last byte: about 2 s per such request). Then set the switch for this request's arm
+    (``extra["parts"]`` for an ablation level) and wait until ``gap_s`` has passed since the
+    previous response ended, so every request, whatever its arm, starts after the same idle gap.
+    Keeps the switch's generation in ``extra``."""
+    prev: dict[str, Any] = {}
+
+    def route(p: Planned) -> str:
+        t_prev_end = time.monotonic()  # run_sequential routes right after the previous response ended
+        if prev.get("records_before") is not None:
+            flipper.wait_records(prev["records_before"] + 1)
+        on = p.extra["arm"] == "on"
+        answer = flipper.set(tuple(p.extra.get("parts") or parts) if on else None)
+        p.extra["generation"] = answer.get("generation")
+        prev["records_before"] = flipper.records() if keep_records and builds_record(p) else None
+        time.sleep(max(0.0, t_prev_end + gap_s - time.monotonic()))
+        return flipper.base_url
+
+    return route
+
+
+# -- two servers ----------------------------------------------------------------------------------
+
+
+def start_pair(make: Callable[[str], CpuServer], first: str = "off") -> dict[str, CpuServer]:
+    """Start ``make(first)``, wait until it is healthy, then the other arm's server (never both at
+    once: simultaneous starts contend for CPU, and on one GPU fail SGLang's KV-cache memory check).
+    Stops the started one if the other fails. Returns arm -> server in ``ARMS`` order."""
+    if first not in ARMS:
+        raise ValueError(f"first must be one of {ARMS}, got {first!r}")
+    servers: dict[str, CpuServer] = {}
+    try:
+        for arm in (first, *(a for a in ARMS if a != first)):
+            servers[arm] = make(arm)
+            servers[arm].start()
+    except BaseException:
         for srv in servers.values():
             srv.stop()
-        raise RuntimeError(f"server start failed: {errors}")
-    return servers
+        raise
+    return {arm: servers[arm] for arm in ARMS}
 
 
 class Pauser:
@@ -101,108 +206,117 @@ class Pauser:
 
 def server_health(servers: dict[str, CpuServer]) -> dict[str, dict[str, float]]:
     """CPU seconds and RSS of each server's processes (to spot a server degrading during the run)."""
-    tck = os.sysconf("SC_CLK_TCK")
-    page = os.sysconf("SC_PAGE_SIZE")
     out = {}
     for arm, srv in servers.items():
-        cpu = rss = 0.0
-        for pid in _session_pids(srv.process.pid) if srv.process else []:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                cpu += (int(fields[11]) + int(fields[12])) / tck
-                rss += int(fields[21]) * page / 2**20
-            except (OSError, ValueError, IndexError):
-                continue
+        pids = _session_pids(srv.process.pid) if srv.process else []
+        cpu = sum(cpu_seconds(p) or 0.0 for p in pids)
+        rss = sum(rss_mb(p) or 0.0 for p in pids)
         out[arm] = {"cpu_s": round(cpu, 2), "rss_mb": round(rss, 1)}
     return out
 
 
+class ServerRouter:
+    """Route a request to its arm's server (resuming it, pausing the other); one health sample
+    (load average, each server's CPU seconds and RSS) when a measured round ends."""
+
+    def __init__(self, servers: dict[str, CpuServer], pauser: Pauser) -> None:
+        self.servers, self.pauser = servers, pauser
+        self.round: int | None = None
+        self.health: list[dict[str, Any]] = []
+
+    def sample(self) -> None:
+        if self.round is not None and self.round >= 0:
+            self.health.append({"round": self.round, "loadavg_1m": os.getloadavg()[0], **server_health(self.servers)})
+
+    def __call__(self, p: Planned) -> str:
+        if p.round != self.round:
+            self.sample()
+            self.round = p.round
+        self.pauser.only(p.extra["arm"])
+        return self.servers[p.extra["arm"]].base_url
+
+
 @dataclass
-class OverheadRun:
-    rows: list[dict[str, Any]] = field(default_factory=list)  # timed requests, one per arm/kind/round
-    failures: list[dict[str, Any]] = field(default_factory=list)
+class LaunchRun:
+    """One launch of the server pair: its output lines, health samples and start-up times."""
+
+    lines: list[dict[str, Any]] = field(default_factory=list)
     health: list[dict[str, Any]] = field(default_factory=list)
+    startup_s: dict[str, float] = field(default_factory=dict)
 
 
-def run_rounds(
-    servers: dict[str, CpuServer],
-    rounds: int,
-    warmup_rounds: int,
-    seed: int,
-    pauser: Pauser,
-    request_timeout: float = 120.0,
-    max_failures: int = 5,
-    size: tuple[int, int] = (512, 512),
-    label: str = "",
-    max_tokens: int = MAX_TOKENS,
-    progress: Callable[[], None] | None = None,
-    round_log: bool = False,
+def run_launch(
+    make: Callable[[str], CpuServer],
+    first: str,
+    plan: list[Planned],
+    opts: Options,
+    pause: bool,
+    desc: str,
+    records_timeout: float = 30.0,
+    settle_s: float = 0.1,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
-) -> OverheadRun:
-    """Warm-up rounds (untimed, seeds not reused), then ``rounds`` timed rounds of every kind on
-    both arms, A/B order random per kind and round, one request in flight."""
-    rng = random.Random(seed)
-    run = OverheadRun()
-    for i in range(warmup_rounds + rounds):
-        timed = i >= warmup_rounds
-        round_no = i - warmup_rounds
-        url = data_url(make_image(*size, seed * 1000 + i, label=f"{label} {i}" if label else None))
-        for kind in KINDS:
-            order = list(ARMS)
-            rng.shuffle(order)
-            for arm in order:
-                pauser.only(arm)
-                try:
-                    res = timed_chat(
-                        servers[arm].base_url,
-                        messages_for(kind, round_no, url),
-                        max_tokens=max_tokens,
-                        timeout=request_timeout,
-                    )
-                except (OSError, RuntimeError, ValueError) as exc:  # a timeout is an OSError
-                    run.failures.append({"round": round_no, "kind": kind, "arm": arm, "error": repr(exc)[:400]})
-                    log(f"[overhead] request failed: {run.failures[-1]}")
-                    if len(run.failures) >= max_failures:
-                        raise RuntimeError(f"{len(run.failures)} failed requests, giving up") from exc
-                    continue
-                finally:
-                    if timed and progress is not None:
-                        progress()
-                if timed:
-                    run.rows.append({"round": round_no, "kind": kind, "arm": arm, "order": order.index(arm), **res})
-        if timed:
-            run.health.append({"round": round_no, "loadavg_1m": os.getloadavg()[0], **server_health(servers)})
-            if round_log:
-                brief = "  ".join(
-                    f"{r['kind']}/{r['arm']} {r['ttft_s'] * 1000:.1f}" for r in run.rows if r["round"] == round_no
-                )
-                log(f"[overhead] round {round_no + 1}/{rounds}: TTFT ms {brief}")
+) -> LaunchRun:
+    """Start the pair (``first``'s server first), send ``plan`` through a ServerRouter, collect the
+    'on' server's records while it still runs, stop both."""
+    log(f"[overhead] {desc}: starting the '{first}' server, then the other ...")
+    servers = start_pair(make, first)
+    run = LaunchRun(startup_s={k: round(s.startup_seconds or 0.0, 1) for k, s in servers.items()})
+    log(f"[overhead] {desc}: healthy after {run.startup_s} s")
+    tail = RecordsTail(servers["on"].jsonl_path)
+    pauser = Pauser(servers, enabled=pause, settle_s=settle_s)
+    router = ServerRouter(servers, pauser)
+    try:
+        sent = run_sequential(None, plan, opts, desc, route=router, max_failures=max(5, len(plan) // 20))
+        router.round = max((p.round for p, _ in sent), default=None)
+        router.sample()
+        pauser.resume_all()
+        # records are written after a grace period: collect them before the server stops
+        run.lines = to_lines(sent, tail, desc, timeout=records_timeout)
+    finally:
+        pauser.resume_all()
+        for srv in servers.values():
+            srv.stop()
+    run.health = router.health
     return run
 
 
-def paired_summary(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+# -- analysis -------------------------------------------------------------------------------------
+
+
+def pairs(lines: Iterable[dict[str, Any]], kind: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(off, on) ``bench`` dicts of one kind, per (launch, round) where both arms answered."""
+    by: dict[tuple[Any, int], dict[str, dict[str, Any]]] = {}
+    for ln in lines:
+        b = ln["bench"]
+        if b.get("kind") == kind and b["ok"] and b.get("client_ttft_s") is not None:
+            by.setdefault((b.get("launch", 0), b["round"]), {})[b["arm"]] = b
+    return [(v["off"], v["on"]) for _, v in sorted(by.items()) if "off" in v and "on" in v]
+
+
+def target_met(ratio: float, upper: float) -> bool:
+    return bool(ratio <= TARGET_RATIO and upper <= TARGET_UPPER)
+
+
+def paired_summary(lines: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
     """Off vs on for one kind over the rounds where both arms answered."""
-    by_round: dict[int, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        if r["kind"] == kind:
-            by_round.setdefault(r["round"], {})[r["arm"]] = r
-    pairs = [(v["off"], v["on"]) for v in by_round.values() if "off" in v and "on" in v]
-    if not pairs:
+    prs = pairs(lines, kind)
+    if not prs:
         return {"n_pairs": 0}
-    off = np.array([a["ttft_s"] for a, _ in pairs]) * 1000
-    on = np.array([b["ttft_s"] for _, b in pairs]) * 1000
-    e2e_off = np.array([a["e2e_s"] for a, _ in pairs]) * 1000
-    e2e_on = np.array([b["e2e_s"] for _, b in pairs]) * 1000
+    off = np.array([a["client_ttft_s"] for a, _ in prs]) * 1000
+    on = np.array([b["client_ttft_s"] for _, b in prs]) * 1000
+    e2e_off = np.array([a["client_e2e_s"] for a, _ in prs]) * 1000
+    e2e_on = np.array([b["client_e2e_s"] for _, b in prs]) * 1000
     delta = on - off
     lo, hi = bootstrap_median_ci(delta)
     ratio, rlo, rhi = paired_ratio_ci(off, on)
     med_off, med_on = float(np.median(off)), float(np.median(on))
     return {
-        "n_pairs": len(pairs),
+        "n_pairs": len(prs),
         "ttft_off_median_ms": round(med_off, 3),
         "ttft_on_median_ms": round(med_on, 3),
         "ttft_ratio_on_off": round(ratio, 4),
         "ttft_ratio_ci95": [round(rlo, 4), round(rhi, 4)],
+        "target": {"ratio_max": TARGET_RATIO, "upper_ci_max": TARGET_UPPER, "met": target_met(ratio, rhi)},
         "ttft_delta_median_ms": round(med_on - med_off, 3),
         "ttft_paired_delta_median_ms": round(float(np.median(delta)), 3),
         "ttft_paired_delta_ci95_ms": [round(lo, 3), round(hi, 3)],
@@ -212,39 +326,139 @@ def paired_summary(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
         "e2e_on_median_ms": round(float(np.median(e2e_on)), 3),
         "e2e_ratio_on_off": round(float(np.median(e2e_on)) / float(np.median(e2e_off)), 4),
         "ttft_median_ms_by_position_in_pair": {
-            pos: round(float(np.median([x["ttft_s"] * 1000 for pr in pairs for x in pr if x["order"] == i])), 3)
+            pos: round(float(np.median([x["client_ttft_s"] * 1000 for pr in prs for x in pr if x["order"] == i])), 3)
             for i, pos in enumerate(("first", "second"))
         },
         "cached_tokens_median": {
-            arm: float(
-                np.median(
-                    [((x["usage"] or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for x in xs]
-                )
-            )
-            for arm, xs in (("off", [a for a, _ in pairs]), ("on", [b for _, b in pairs]))
+            arm: float(np.median([(x.get("usage") or {}).get("cached_tokens") or 0 for x in xs]))
+            for arm, xs in (("off", [a for a, _ in prs]), ("on", [b for _, b in prs]))
         },
     }
 
 
-def plugin_records(jsonl: Path | None, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the plugin recorded for the 'on' requests (proof it was active; its own TTFT view)."""
-    if jsonl is None or not jsonl.exists():
-        return {"records": 0}
-    tail = RecordsTail(jsonl, from_start=True)
-    tail.poll()
-    out: dict[str, Any] = {"records": len(tail.by_rid)}
+def record_check(lines: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """How many answered requests of each arm have a plugin record (on: all expected; off: none)."""
+    out = {"on_ok": 0, "on_with_record": 0, "off_ok": 0, "off_with_record": 0}
+    for ln in lines:
+        b = ln["bench"]
+        if b["ok"] and b.get("arm") in ARMS:
+            out[f"{b['arm']}_ok"] += 1
+            out[f"{b['arm']}_with_record"] += bool(b["record"])
+    return out
+
+
+def plugin_vs_client(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The plugin's own TTFT next to the client's, medians over the 'on' requests with a record."""
+    lines = list(lines)
+    out: dict[str, Any] = {}
     for kind in KINDS:
-        client, plugin = [], []
-        for row in rows:
-            if row["arm"] != "on" or row["kind"] != kind or not row.get("id"):
-                continue
-            rec = tail.find(str(row["id"]))
-            if rec and rec.get("ttft_s") is not None:
-                client.append(row["ttft_s"] * 1000)
-                plugin.append(rec["ttft_s"] * 1000)
+        got = [
+            (ln["bench"]["client_ttft_s"] * 1000, ln["ttft_s"] * 1000)
+            for ln in lines
+            if ln["bench"].get("kind") == kind and ln["bench"]["record"] and ln.get("ttft_s") is not None
+        ]
         out[kind] = {
-            "matched": len(plugin),
-            "plugin_ttft_median_ms": round(float(np.median(plugin)), 3) if plugin else None,
-            "client_ttft_median_ms": round(float(np.median(client)), 3) if client else None,
+            "matched": len(got),
+            "client_ttft_median_ms": round(float(np.median([c for c, _ in got])), 3) if got else None,
+            "plugin_ttft_median_ms": round(float(np.median([p for _, p in got])), 3) if got else None,
         }
+    return out
+
+
+def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """The same-instance (or one-launch) result: per kind ``paired_summary``, the record check, and
+    the plugin's TTFT next to the client's."""
+    return {
+        "kinds": {kind: paired_summary(lines, kind) for kind in KINDS},
+        "records": record_check(lines),
+        "plugin_vs_client": plugin_vs_client(lines),
+    }
+
+
+def crossover_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per run (``ab``: on vs off; ``aa``: the A/A control): per orientation and per kind the paired
+    summary pooled over that orientation's launches, each launch's ratio, and the geometric mean of
+    the orientations' ratios with a bootstrap interval resampling rounds within each orientation."""
+    out: dict[str, Any] = {}
+    for run_name in ("ab", "aa"):
+        sub = [ln for ln in lines if ln["bench"].get("run") == run_name]
+        if not sub:
+            continue
+        res: dict[str, Any] = {"orientations": {}, "launches": {}, "geomean": {}}
+        for o in ORIENTATIONS:
+            lo = [ln for ln in sub if ln["bench"].get("orientation") == o]
+            if lo:
+                res["orientations"][o] = {kind: paired_summary(lo, kind) for kind in KINDS}
+        for launch in sorted({ln["bench"]["launch"] for ln in sub}):
+            ll = [ln for ln in sub if ln["bench"]["launch"] == launch]
+            res["launches"][str(launch)] = {
+                "orientation": ll[0]["bench"]["orientation"],
+                **{kind: paired_summary(ll, kind).get("ttft_ratio_on_off") for kind in KINDS},
+            }
+        for kind in KINDS:
+            strata = []
+            for o in ORIENTATIONS:
+                prs = pairs([ln for ln in sub if ln["bench"].get("orientation") == o], kind)
+                if prs:
+                    strata.append(([a["client_ttft_s"] for a, _ in prs], [b["client_ttft_s"] for _, b in prs]))
+            g, glo, ghi = geomean_ratio_ci(strata)
+            res["geomean"][kind] = {
+                "orientations": len(strata),
+                "ttft_ratio_on_off": round(g, 4),
+                "ttft_ratio_ci95": [round(glo, 4), round(ghi, 4)],
+                "target_met": target_met(g, ghi) if len(strata) == len(ORIENTATIONS) else None,
+            }
+        res["records"] = record_check(sub)
+        out[run_name] = res
+    return out
+
+
+def _ratio(s: dict[str, Any]) -> str:
+    lo, hi = s["ttft_ratio_ci95"]
+    return f"{s['ttft_ratio_on_off']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def notes(result: dict[str, Any], title: str) -> list[str]:
+    """Terminal lines for a ``summary`` result."""
+    out = [f"== {title}: TTFT plugin on / off (paired ratio of medians, bootstrap 95% CI over rounds)"]
+    for kind in KINDS:
+        s = result["kinds"].get(kind) or {}
+        if not s.get("n_pairs"):
+            out.append(f"   {kind}: no complete pairs")
+            continue
+        dlo, dhi = s["ttft_paired_delta_ci95_ms"]
+        met = "met" if s["target"]["met"] else "not met"
+        out.append(
+            f"   {kind:<11} n={s['n_pairs']:<4} off {s['ttft_off_median_ms']:.2f} ms, on {s['ttft_on_median_ms']:.2f} ms, "
+            f"ratio {_ratio(s)}, paired delta {s['ttft_paired_delta_median_ms']:+.3f} ms [{dlo:+.3f}, {dhi:+.3f}]; "
+            f"target (<= {TARGET_RATIO}, upper <= {TARGET_UPPER}) {met}"
+        )
+    rc = result.get("records")
+    if rc:
+        out.append(
+            f"   records: {rc['on_with_record']}/{rc['on_ok']} 'on' requests, {rc['off_with_record']}/{rc['off_ok']} 'off' requests"
+        )
+    return out
+
+
+def crossover_notes(result: dict[str, Any]) -> list[str]:
+    out = []
+    for run_name, title in (("ab", "installed (SGLANG_MMTRACE=1) / not loaded (=0)"), ("aa", "A/A control, both =0")):
+        res = result.get(run_name)
+        if not res:
+            continue
+        out.append(f"== overhead-crossover, {title}: TTFT ratio per orientation and their geometric mean")
+        for kind in KINDS:
+            parts = []
+            for o in ORIENTATIONS:
+                s = res["orientations"].get(o, {}).get(kind) or {}
+                parts.append(f"{o} {_ratio(s)} (n={s['n_pairs']})" if s.get("n_pairs") else f"{o} -")
+            g = res["geomean"][kind]
+            gm = f"{g['ttft_ratio_on_off']:.3f} [{g['ttft_ratio_ci95'][0]:.3f}, {g['ttft_ratio_ci95'][1]:.3f}]"
+            out.append(f"   {kind:<11} {'; '.join(parts)}; geometric mean {gm}")
+        per_launch = ", ".join(
+            f"#{k} {v['orientation']}: " + "/".join(f"{v[kind]:.3f}" if v[kind] else "-" for kind in KINDS)
+            for k, v in res["launches"].items()
+        )
+        out.append(f"   per launch ({'/'.join(KINDS)}): {per_launch}")
     return out

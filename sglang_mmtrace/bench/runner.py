@@ -2,7 +2,9 @@
 the plugin's record for it (matched by rid = the response ``id``) plus a ``bench`` key.
 
 A request that failed, or whose record never appeared, still gets a line (``bench.ok``,
-``bench.error``, ``bench.record``), so errors are reported apart from latency.
+``bench.error``, ``bench.record``), so errors are reported apart from latency. A plan's request
+may say it expects no record (``extra["expect_record"] = False``: sent with the plugin switched
+off); its line still says whether one turned up.
 """
 
 from __future__ import annotations
@@ -34,13 +36,46 @@ def progress_bar(total: int, desc: str) -> Iterator[Callable[[], None]]:
         bar.close()
 
 
-def run_sequential(target: Target, plan: list[Planned], opts: Options, desc: str) -> list[Sent]:
-    """One request in flight, in plan order (the plans interleave their variants)."""
+Route = Callable[[Planned], str]
+
+
+def run_sequential(
+    target: Target | None,
+    plan: list[Planned],
+    opts: Options,
+    desc: str,
+    route: Route | None = None,
+    max_failures: int | None = None,
+) -> list[Sent]:
+    """One request in flight, in plan order (the plans interleave their variants).
+
+    ``route(p)``, when given, runs before each request, outside the timed region (it flips the
+    plugin's switch or resumes the request's server) and returns the base URL to send to. Sending
+    stops early, keeping what was sent, at ``opts.deadline`` or after ``max_failures`` failed
+    requests (a dead server); a note on stderr says so.
+    """
     out: list[Sent] = []
+    failures = 0
     with progress_bar(len(plan), desc) as tick:
         for p in plan:
-            out.append((p, send(target.base_url, p.messages, opts.max_tokens, opts.timeout)))
+            if opts.deadline is not None and time.time() > opts.deadline:
+                print(f"[bench] {desc}: deadline reached after {len(out)} of {len(plan)} requests", file=sys.stderr)
+                break
+            if route is not None:
+                url = route(p)
+            elif target is not None:
+                url = target.base_url
+            else:
+                raise ValueError("run_sequential needs a target or a route")
+            res = send(url, p.messages, opts.max_tokens_for(p.experiment), opts.timeout)
+            out.append((p, res))
             tick()
+            if not res.ok:
+                failures += 1
+                print(f"[bench] {desc}: request failed: {res.error}", file=sys.stderr, flush=True)
+                if max_failures is not None and failures >= max_failures:
+                    print(f"[bench] {desc}: {failures} failed requests, stopping", file=sys.stderr, flush=True)
+                    break
     return out
 
 
@@ -49,7 +84,7 @@ def run_concurrent(target: Target, plan: list[Planned], clients: int, opts: Opti
     with progress_bar(len(plan), desc) as tick, ThreadPoolExecutor(max_workers=clients) as pool:
 
         def one(p: Planned) -> Sent:
-            res = send(target.base_url, p.messages, opts.max_tokens, opts.timeout)
+            res = send(target.base_url, p.messages, opts.max_tokens_for(p.experiment), opts.timeout)
             tick()
             return p, res
 
@@ -69,21 +104,31 @@ def bench_info(p: Planned, res: ChatResult, target: str, record: bool) -> dict[s
         "ok": res.ok,
         "error": res.error,
         "record": record,
+        "expect_record": expects_record(p),
         "sent_unix_s": round(res.sent_unix_s, 6),
         "usage": usage_tokens(res.usage) if res.usage is not None else None,
         **p.extra,
     }
 
 
+def expects_record(p: Planned) -> bool:
+    return bool(p.extra.get("expect_record", True))
+
+
 def to_lines(
     sent: Iterable[Sent], tail: RecordsTail, target: str, timeout: float = 30.0
 ) -> list[dict[str, Any]]:
-    """Measured (non-warm-up) requests -> output lines, with their records where they exist."""
+    """Measured (non-warm-up) requests -> output lines, with their records where they exist.
+
+    Waits (up to ``timeout``) only for the records the requests expect; a record that exists for a
+    request that expected none is still attached (and shows as ``record: true``).
+    """
     sent = [(p, r) for p, r in sent if not p.warmup]
-    found = tail.wait([r.rid for _, r in sent if r.ok and r.rid], timeout=timeout) if tail.path else {}
+    if tail.path:
+        tail.wait([r.rid for p, r in sent if r.ok and r.rid and expects_record(p)], timeout=timeout)
     lines = []
     for p, res in sent:
-        rec = found.get(res.rid) if res.rid else None
+        rec = tail.find(res.rid) if res.rid else None
         line: dict[str, Any] = dict(rec) if rec is not None else {"rid": res.rid}
         line["bench"] = bench_info(p, res, target, rec is not None)
         lines.append(line)

@@ -51,11 +51,14 @@ def parse_launch(text: str, label: str | None = None) -> LaunchConfig:
 
 @dataclass
 class Target:
-    """A server the bench talks to; ``records`` is its SGLANG_MMTRACE_JSONL (None: unknown)."""
+    """A server the bench talks to; ``records`` is its SGLANG_MMTRACE_JSONL (None: unknown);
+    ``pid`` its API process (the launched one), for the throughput experiment's CPU accounting
+    (None: found by the listening port)."""
 
     label: str
     base_url: str
     records: Path | None
+    pid: int | None = None
 
 
 def gpu_available() -> bool:
@@ -130,7 +133,7 @@ def launched(config: LaunchConfig, folder: Path, gpu: bool, health_timeout: floa
     srv.start()
     print(f"[bench] healthy at {srv.base_url} after {srv.startup_seconds:.0f} s", file=sys.stderr, flush=True)
     try:
-        yield Target(label=config.label, base_url=srv.base_url, records=srv.jsonl_path)
+        yield Target(label=config.label, base_url=srv.base_url, records=srv.jsonl_path, pid=srv.process.pid if srv.process else None)
     finally:
         srv.stop()
 

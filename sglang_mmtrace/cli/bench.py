@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ..bench import ALL
-from ..bench.experiments import CONCURRENCY_DEFAULT, Options
+from ..bench.experiments import CONCURRENCY_DEFAULT, THROUGHPUT_CLIENTS, Options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,20 +34,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--launcher", choices=("auto", "cpu", "gpu"), default="auto", help="which server --launch starts")
     p.add_argument("--experiment", action="append", required=True, choices=ALL, help="repeatable")
-    p.add_argument("--n", type=int, default=20, help="measured requests (rounds) per variant (default 20)")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="measured requests (rounds) per variant; default 20, overhead 200 pairs per kind, ablation 60 rounds, "
+        "overhead-crossover 50 rounds per launch",
+    )
     p.add_argument("--questions", type=int, default=100, help="order: number of questions (default 100)")
-    p.add_argument("--size", default="512", help="image size: N or WxH (default 512)")
+    p.add_argument("--size", default=None, help="image size: N or WxH (default 512; the overhead experiments: 640x480)")
     p.add_argument(
         "--concurrency",
-        default=",".join(map(str, CONCURRENCY_DEFAULT)),
-        help="concurrency: comma-separated client counts (default 1,4,16,64)",
+        default=None,
+        help=f"concurrency: comma-separated client counts (default {','.join(map(str, CONCURRENCY_DEFAULT))}); "
+        f"throughput: the clients (the largest value given; default {THROUGHPUT_CLIENTS})",
     )
-    p.add_argument("--warmup", type=int, default=2, help="warm-up requests per experiment, excluded (default 2)")
-    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument(
+        "--warmup", type=int, default=2, help="warm-up requests (rounds for the overhead experiments), excluded (default 2)"
+    )
+    p.add_argument("--max-tokens", type=int, default=None, help="default 8; throughput 256 (with ignore_eos)")
+    s = p.add_argument_group("switch and two-server experiments")
+    s.add_argument("--segment-s", type=float, default=25.0, help="throughput: seconds per segment (default 25)")
+    s.add_argument("--segments", type=int, default=3, help="throughput: segments per arm (default 3)")
+    s.add_argument("--settle-s", type=float, default=2.0, help="throughput: seconds excluded after a flip (default 2)")
+    s.add_argument(
+        "--gap-ms",
+        type=float,
+        default=100.0,
+        help="overhead/ablation: idle gap between a response's end and the next request, both arms (default 100)",
+    )
+    s.add_argument(
+        "--keep-records",
+        action="store_true",
+        help="overhead/ablation: before a flip, wait until the last request's record is built (SGLang keeps a "
+        "streamed request open ~2 s after its end: ~2 s per recorded request); without it flips discard them",
+    )
+    s.add_argument("--server-pid", type=int, default=None, help="throughput with --url: the server's API process")
+    s.add_argument(
+        "--launches", type=int, default=2, help="overhead-crossover: launches per orientation, A/B and A/A (default 2)"
+    )
+    s.add_argument("--no-aa", action="store_true", help="overhead-crossover: skip the A/A control")
+    s.add_argument("--deadline", type=float, default=None, help="epoch seconds: stop sending new requests after it")
     p.add_argument("--seed", type=int, default=None, help="image/question seed (default: random per run)")
     p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request (s)")
     p.add_argument("--records-timeout", type=float, default=30.0, help="how long to wait for records (s)")
-    p.add_argument("--no-pause", action="store_true", help="overhead: leave the idle server running (default: SIGSTOP)")
+    p.add_argument(
+        "--no-pause", action="store_true", help="overhead-crossover: leave the idle server running (default: SIGSTOP)"
+    )
     p.add_argument("--work-dir", default=None, help="launched servers' logs and records (default: a temp folder)")
     p.add_argument("--out", default=None, help="write the output lines (JSONL) here")
     p.add_argument("--json", action="store_true", help="print the summaries as JSON instead of the table")
@@ -70,12 +103,20 @@ def run(args: argparse.Namespace) -> int:
     opts = Options(
         n=args.n,
         questions=args.questions,
-        size=parse_size(args.size),
+        size=parse_size(args.size) if args.size else None,
         warmup=args.warmup,
         max_tokens=args.max_tokens,
         seed=seed,
-        concurrency=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
+        concurrency=tuple(int(c) for c in args.concurrency.split(",") if c.strip()) if args.concurrency else None,
         timeout=args.timeout,
+        segment_s=args.segment_s,
+        segments=args.segments,
+        settle_s=args.settle_s,
+        gap_s=args.gap_ms / 1000,
+        keep_records=args.keep_records,
+        launches=args.launches,
+        aa=not args.no_aa,
+        deadline=args.deadline,
     )
     gpu = gpu_available() if args.launcher == "auto" else args.launcher == "gpu"
     st = driver.Settings(
@@ -88,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         records_timeout=args.records_timeout,
         pause_other=not args.no_pause,
         work_dir=Path(args.work_dir) if args.work_dir else None,
+        server_pid=args.server_pid,
     )
     started = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     outcome = driver.run(st)
@@ -98,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 fh.write(json.dumps(line) + "\n")
     sums = summaries(outcome.lines)
     if args.json:
-        print(json.dumps({"summaries": sums, "overhead": outcome.overhead, "notes": outcome.notes}, indent=2))
+        print(json.dumps({"summaries": sums, "results": outcome.results, "notes": outcome.notes}, indent=2))
     else:
         head = [
             f"sglang-mmtrace bench, {started}, seed {seed}, "

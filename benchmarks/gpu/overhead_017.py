@@ -1,0 +1,259 @@
+"""The plugin's overhead on the GPU (SGLang 0.5.17 on the H200), within one deadline.
+
+    python3 benchmarks/gpu/overhead_017.py --out OUTDIR --deadline EPOCH_S [--model DIR]
+        [--server-flags "$SGLANG_GPU_FLAGS"] [--n 200] [--ablation-rounds 60] [--concurrency 64]
+        [--segment-s 15] [--segments 3] [--gap-ms 60] [--crossover-rounds 30] [--launches 2]
+
+Uses whatever ``sglang_mmtrace`` is on PYTHONPATH (the installed wheel, whose dist-info registers
+the plugin's entry point) and prints its commit (``$MMTRACE_COMMIT``) and location. Everything goes
+through the package's bench (``sglang_mmtrace.bench``: ``GpuServer`` via ``launched``/``make_server``,
+``driver.run_switched``, ``driver.run_crossover``). Phases, in order, each writing
+``OUTDIR/<phase>.json`` (summary) and ``OUTDIR/<phase>.lines.jsonl`` (one compact line per request)
+as soon as it ends, so a timeout loses only the running phase:
+
+1. ``overhead``: one server (plugin installed, ``--enable-metrics``, JSONL, OTLP to a receiver),
+   on/off by the runtime switch before each request, ``--n`` pairs per kind (default 200). Records
+   are not kept (no ``keep_records``: SGLang holds a streamed request ~2 s past its end, and a flip
+   in that time discards its record; waiting would cost ~2 s per 'on' request).
+2. ``ablation`` on the same server: levels L0..L12, as many rounds as fit into the time left after
+   reserving the throughput phase (at most ``--ablation-rounds``; printed), records kept (the
+   bench waits for each record at the levels with ``records`` on, ~2 s each, so that ``records``,
+   ``jsonl``, ``prometheus`` and ``otlp`` do their work; ``--ablation-no-records`` trades that for
+   rounds).
+3. ``throughput`` on the same server: ``--concurrency`` clients, 256 output tokens with
+   ``ignore_eos``, ``--segments`` segments per arm of ``--segment-s`` seconds (shortened to fit).
+4. ``crossover`` if time is left: server pairs ``SGLANG_MMTRACE=1``/``=0`` started one after the
+   other, ``--launches`` launches per orientation, then the A/A control while time lasts
+   (``crossover.json`` is rewritten after every launch).
+
+The ``otlp`` part exports to the repository's OTLP receiver (``tests/peers/otlp_receiver.py``,
+HTTP/protobuf), run in its own process so that decoding spans does not take the GIL from the
+client's timing threads; its span count goes into ``otlp_receiver.json``. ``nvtx`` does work only
+under an NVTX tool (not attached here), so its level measures the plugin's "no tool" check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import sglang_mmtrace
+from sglang_mmtrace.bench import driver
+from sglang_mmtrace.bench.experiments import Options
+from sglang_mmtrace.bench.targets import LaunchConfig, launched
+
+REPO = Path(__file__).resolve().parents[2]
+RECORD_WAIT_S = 2.2  # SGLang keeps a streamed request open ~2 s after its end; its record comes after
+RECEIVER = r"""
+import json, signal, sys, threading
+sys.path.insert(0, sys.argv[1])
+from peers.otlp_receiver import OtlpReceiver
+r = OtlpReceiver()
+print(r.start_http(), flush=True)
+done = threading.Event()
+signal.signal(signal.SIGTERM, lambda *a: done.set())
+done.wait()
+spans = r.snapshot()
+json.dump({"spans": len(spans), "requests": r.requests, "bad_requests": r.bad_requests[:5],
+           "traces": len({s.trace_id for s in spans})}, open(sys.argv[2], "w"))
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def left(deadline: float) -> float:
+    return deadline - time.time()
+
+
+def compact(line: dict[str, Any]) -> dict[str, Any]:
+    """The request's bench facts plus the record's headline (full records stay on the device)."""
+    return {k: line.get(k) for k in ("rid", "status", "ttft_s", "coverage")} | {"bench": line["bench"]}
+
+
+def save(out: Path, phase: str, result: dict[str, Any], lines: list[dict[str, Any]] | None = None) -> None:
+    (out / f"{phase}.json").write_text(json.dumps(result, indent=1, default=str))
+    if lines is not None:
+        with (out / f"{phase}.lines.jsonl").open("w") as fh:
+            for ln in lines:
+                fh.write(json.dumps(compact(ln), default=str) + "\n")
+    log(f"wrote {phase}.json")
+
+
+def start_receiver(out: Path) -> tuple[subprocess.Popen[bytes] | None, str | None]:
+    """The OTLP receiver in its own process; (process, endpoint) or (None, None) if it cannot run."""
+    try:
+        with (out / "otlp_receiver.log").open("wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", RECEIVER, str(REPO / "tests"), str(out / "otlp_receiver.json")],
+                stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+            )  # fmt: skip
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().strip() or 0)
+        if port:
+            return proc, f"http://127.0.0.1:{port}"
+        proc.wait(timeout=5)
+    except Exception as exc:
+        log(f"OTLP receiver did not start: {exc!r}")
+    return None, None
+
+
+def stop_receiver(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def ensure_model(path: Path) -> Path:
+    if not (path / "config.json").exists():
+        from sglang_mmtrace.harness.tiny_model import build_tiny_qwen3vl
+
+        build_tiny_qwen3vl(path)
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--deadline", type=float, default=time.time() + 540, help="epoch seconds (default now + 540)")
+    ap.add_argument("--model", default=os.environ.get("MODEL", "/tmp/tiny-qwen3vl"))
+    ap.add_argument("--server-flags", default=os.environ.get("SGLANG_GPU_FLAGS", ""))
+    ap.add_argument("--n", type=int, default=200, help="overhead: pairs per kind")
+    ap.add_argument("--ablation-rounds", type=int, default=60, help="at most this many (fewer if time is short)")
+    ap.add_argument(
+        "--ablation-no-records",
+        action="store_true",
+        help="ablation without waiting for records (more rounds; the records and sink parts then do no work)",
+    )
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--segment-s", type=float, default=15.0, help="throughput segment (the CLI's default is 25)")
+    ap.add_argument("--gap-ms", type=float, default=60.0, help="idle gap before each request, both arms")
+    ap.add_argument("--segments", type=int, default=3, help="throughput segments per arm")
+    ap.add_argument("--crossover-rounds", type=int, default=30, help="rounds per launch")
+    ap.add_argument("--launches", type=int, default=2, help="crossover launches per orientation")
+    ap.add_argument("--seed", type=int, default=20261130)
+    ap.add_argument("--work-dir", default="/tmp/mmtrace-overhead-work", help="server logs and full records")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    deadline = args.deadline
+    info: dict[str, Any] = {
+        "mmtrace_commit": os.environ.get("MMTRACE_COMMIT", "unknown"),
+        "sglang_mmtrace_file": sglang_mmtrace.__file__,
+        "sglang": version("sglang"),
+        "server_flags": args.server_flags,
+        "started_unix": time.time(),
+        "deadline_unix": deadline,
+        "args": vars(args),
+    }
+    log(f"sglang_mmtrace commit {info['mmtrace_commit']} from {info['sglang_mmtrace_file']}; sglang {info['sglang']}")
+    model = ensure_model(Path(args.model))
+    receiver, endpoint = start_receiver(out)
+    info["otlp_endpoint"] = endpoint
+    env = {"SGLANG_MMTRACE_OTLP_ENDPOINT": endpoint, "SGLANG_MMTRACE_OTLP_PROTOCOL": "http/protobuf"} if endpoint else {}
+    cfg = LaunchConfig("h200 0.5.17", ("--model-path", str(model), *shlex.split(args.server_flags), "--enable-metrics"), env)
+    opts = Options(
+        n=args.n, warmup=2, seed=args.seed, concurrency=(args.concurrency,), segment_s=args.segment_s,
+        segments=args.segments, launches=args.launches, timeout=120.0, deadline=deadline - 30, gap_s=args.gap_ms / 1000,
+    )  # fmt: skip
+    st = driver.Settings(
+        experiments=[], opts=opts, launch=[cfg], gpu=True, pause_other=False, work_dir=work,
+        health_timeout=max(60.0, min(300.0, left(deadline) - 60)), records_timeout=10.0,
+    )  # fmt: skip
+    (out / "run_info.json").write_text(json.dumps(info, indent=1, default=str))
+    status = 0
+    try:
+        with launched(cfg, work, True, st.health_timeout) as target:
+            # 1. overhead, same instance
+            res = driver.Outcome()
+            t0 = time.time()
+            driver.run_switched(target, "overhead", st, res)
+            took = time.time() - t0
+            per_request = cycle_s(res.lines) or took / max(1, res.results["overhead"]["requests_sent"])
+            save(out, "overhead", {"info": info, **res.results["overhead"], "wall_s": round(took, 1)}, res.lines)
+            print("\n".join(res.notes), flush=True)
+            # 2. ablation, rounds fitted to the time left after reserving the throughput phase; with
+            # records kept (so records/jsonl/prometheus/otlp do their work) each of the 5 levels with
+            # records on costs a ~2 s wait per kind (SGLang's open tail after a streamed response)
+            tp_need = 2 * args.segments * args.segment_s + 30
+            budget = left(deadline) - 40 - tp_need
+            keep = not args.ablation_no_records
+            per_round = 3 * 13 * per_request + (3 * 5 * RECORD_WAIT_S if keep else 0.0)
+            rounds = driver.estimate_rounds(budget, per_round, 1, args.ablation_rounds)
+            log(f"ablation: {rounds} rounds (asked {args.ablation_rounds}; {per_request * 1e3:.0f} ms per request, "
+                f"records {'kept' if keep else 'not kept'}: ~{per_round:.0f} s per round)")  # fmt: skip
+            opts.n, opts.keep_records, opts.deadline = rounds, keep, time.time() + budget
+            res = driver.Outcome()
+            t0 = time.time()
+            driver.run_switched(target, "ablation", st, res)
+            opts.keep_records, opts.deadline = False, deadline - 30
+            save(out, "ablation", {**res.results["ablation"], "rounds_asked": args.ablation_rounds,
+                                   "wall_s": round(time.time() - t0, 1)}, res.lines)  # fmt: skip
+            (out / "ablation.md").write_text(res.results["ablation"]["markdown"])
+            print(res.results["ablation"]["markdown"], flush=True)
+            # 3. throughput, segments shortened to fit
+            seg = min(args.segment_s, (left(deadline) - 45) / (2 * args.segments))
+            if seg >= 6:
+                opts.segment_s = seg
+                res = driver.Outcome()
+                driver.run_switched(target, "throughput", st, res)
+                save(out, "throughput", res.results["throughput"])
+                print("\n".join(res.notes), flush=True)
+            else:
+                log(f"throughput: skipped, {left(deadline):.0f} s left")
+        # 4. crossover, if time is left: a launch pair takes two starts plus its rounds
+        if left(deadline) > 150:
+            opts.n = args.crossover_rounds
+            opts.deadline = deadline - 20
+            res = driver.Outcome()
+            driver.run_crossover(st, res, after_launch=lambda o: save(out, "crossover", o.results["overhead-crossover"]))
+            save(out, "crossover", res.results["overhead-crossover"], res.lines)
+            print("\n".join(res.notes), flush=True)
+        else:
+            log(f"crossover: skipped, {left(deadline):.0f} s left")
+    except Exception as exc:
+        log(f"ERROR {exc!r}")
+        (out / "error.txt").write_text(repr(exc))
+        status = 1
+    finally:
+        stop_receiver(receiver)
+        tail_logs(work, info["started_unix"], out / "server_logs.txt")
+    log(f"done, {left(deadline):.0f} s before the deadline")
+    return status
+
+
+def cycle_s(lines: list[dict[str, Any]]) -> float | None:
+    """Seconds per request in a sequential run (flip, request, bookkeeping), from the send times."""
+    sent = sorted(ln["bench"]["sent_unix_s"] for ln in lines)
+    return (sent[-1] - sent[0]) / (len(sent) - 1) if len(sent) > 1 else None
+
+
+def tail_logs(folder: Path, since: float, dest: Path, lines: int = 40) -> None:
+    """Errors, plugin lines and the tail of each server log written during this run."""
+    with dest.open("w") as fh:
+        for path in sorted(folder.glob("*.log")):
+            if path.stat().st_mtime < since:
+                continue
+            text = path.read_text(errors="replace").splitlines()
+            keep = [ln[:400] for ln in text if "Traceback" in ln or "mmtrace" in ln.lower() or "Error" in ln][:30]
+            fh.write("\n".join([f"===== {path.name}", *keep, "----- tail", *(ln[:400] for ln in text[-lines:])]) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

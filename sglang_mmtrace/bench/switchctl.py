@@ -1,0 +1,171 @@
+"""The bench's client of the plugin's runtime switch (``POST /mmtrace/enabled``, ``GET /mmtrace/state``).
+
+The switch turns the plugin, or only some of its parts, on and off in every SGLang process of one
+running server; the answer comes once each process has applied it (200), or after 5 s with the
+processes that did not confirm (504). The same-instance experiments (``overhead``, ``ablation``,
+``throughput``) flip it between requests, outside the timed region, so both arms run on the same
+server instance and instance-to-instance noise cancels.
+
+``PARTS`` is the plugin's list of parts in stack order (``sglang_mmtrace.switch.PARTS``: each needs
+the ones before it to do anything useful); ``levels()`` turns it into the ablation's cumulative levels L0 (all off) .. L12.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..switch import PARTS
+from .client import host_port
+
+ENABLED_PATH = "/mmtrace/enabled"
+STATE_PATH = "/mmtrace/state"
+
+Level = tuple[str, ...] | None  # None: the switch off; a tuple: on with these parts
+
+
+class SwitchError(RuntimeError):
+    """The server has no switch, refused a flip, or not every process confirmed it in time."""
+
+
+def http_json(base_url: str, method: str, path: str, body: Any = None, timeout: float = 15.0) -> tuple[int, Any]:
+    """One HTTP exchange; returns the status and the decoded JSON body (the raw text if it is not JSON)."""
+    host, port = host_port(base_url)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        raw = resp.read()
+    finally:
+        conn.close()
+    try:
+        return resp.status, json.loads(raw)
+    except ValueError:
+        return resp.status, raw[:2000].decode(errors="replace")
+
+
+def read_state(base_url: str, timeout: float = 15.0) -> dict[str, Any]:
+    status, body = http_json(base_url, "GET", STATE_PATH, timeout=timeout)
+    if status != 200 or not isinstance(body, dict):
+        raise SwitchError(f"GET {STATE_PATH} on {base_url}: HTTP {status} {str(body)[:300]}")
+    return body
+
+
+def current(base_url: str) -> dict[str, Any]:
+    """The api process's switch (``{"on", "parts", "generation"}``); SwitchError if the server has none."""
+    state = read_state(base_url)
+    sw = (state.get("api") or {}).get("switch", state.get("switch"))
+    if not isinstance(sw, dict) or "on" not in sw:
+        raise SwitchError(
+            f"{base_url} has no runtime switch ({STATE_PATH} carries no 'switch'): the plugin is not loaded "
+            "(SGLANG_MMTRACE=0) or predates the switch; same-instance experiments need it"
+        )
+    return sw
+
+
+def body_for(level: Level) -> dict[str, Any]:
+    """The POST body that sets ``level`` (None: off; the full list is sent as is, so the echo is checkable)."""
+    return {"on": False} if level is None else {"on": True, "parts": list(level)}
+
+
+def set_level(base_url: str, level: Level, timeout: float = 15.0) -> dict[str, Any]:
+    """Flip the switch to ``level`` and return the server's answer once every process applied it.
+
+    Raises SwitchError on anything but a 200 whose ``on``/``parts`` echo the request.
+    """
+    body = body_for(level)
+    status, answer = http_json(base_url, "POST", ENABLED_PATH, body, timeout=timeout)
+    if status != 200 or not isinstance(answer, dict):
+        raise SwitchError(f"POST {ENABLED_PATH} {body} on {base_url}: HTTP {status} {str(answer)[:500]}")
+    if bool(answer.get("on")) != body["on"] or (level is not None and list(answer.get("parts") or []) != list(level)):
+        raise SwitchError(f"POST {ENABLED_PATH} {body}: the answer does not echo it: {str(answer)[:500]}")
+    return answer
+
+
+def levels(parts: Sequence[str] = PARTS) -> list[Level]:
+    """The ablation's cumulative levels: L0 = off, L1 = parts[:1], ..., L{len(parts)} = every part."""
+    return [None, *(tuple(parts[:i]) for i in range(1, len(parts) + 1))]
+
+
+def level_name(i: int, parts: Sequence[str] = PARTS) -> str:
+    return "L0 (off)" if i == 0 else f"L{i} (+{parts[i - 1]})"
+
+
+def busy(state: dict[str, Any]) -> int:
+    """Requests the api process still holds: live, or finished and waiting for their record."""
+    api = state.get("api") or {}
+    return int(api.get("live_requests") or 0) + int(api.get("finishing") or 0)
+
+
+class Flipper:
+    """Sets the switch before a request (untimed) and remembers the state to restore at the end.
+
+    A request's record is built once the request has ended on the server (SGLang keeps a streamed
+    request open ~2 s after its last byte) and the other processes' events arrived (up to the
+    collector's grace, 2 s), and only if the switch did not flip meanwhile: ``settle()`` waits until
+    the api process holds no request (none live, none finishing).
+    """
+
+    def __init__(self, base_url: str, settle_timeout: float = 8.0) -> None:
+        self.base_url = base_url
+        before = current(base_url)
+        self.initial: Level = tuple(before.get("parts") or PARTS) if before.get("on") else None
+        self.settle_timeout = settle_timeout
+        self.flips = 0
+        self.settle_s: list[float] = []
+        self.settle_timeouts = 0
+        self.last: dict[str, Any] = {}
+
+    def settle(self) -> float:
+        """Poll ``/mmtrace/state`` until the plugin holds no request (bounded); returns the seconds waited."""
+        t0 = time.monotonic()
+        while busy(read_state(self.base_url)):
+            if time.monotonic() - t0 > self.settle_timeout:
+                self.settle_timeouts += 1
+                break
+            time.sleep(0.01)
+        waited = time.monotonic() - t0
+        self.settle_s.append(waited)
+        return waited
+
+    def records(self) -> int:
+        """Records the api process has built so far (``/mmtrace/state`` api.records)."""
+        return int((read_state(self.base_url).get("api") or {}).get("records") or 0)
+
+    def wait_records(self, at_least: int) -> float:
+        """Poll until ``records() >= at_least`` (bounded); returns the seconds waited."""
+        t0 = time.monotonic()
+        while self.records() < at_least:
+            if time.monotonic() - t0 > self.settle_timeout:
+                self.settle_timeouts += 1
+                break
+            time.sleep(0.01)
+        waited = time.monotonic() - t0
+        self.settle_s.append(waited)
+        return waited
+
+    def set(self, level: Level) -> dict[str, Any]:
+        self.last = set_level(self.base_url, level)
+        self.flips += 1
+        return self.last
+
+    def stats(self) -> dict[str, Any]:
+        w = sorted(self.settle_s)
+        return {
+            "flips": self.flips,
+            "settle_waits": len(w),
+            "settle_ms_median": round(w[len(w) // 2] * 1e3, 2) if w else None,
+            "settle_ms_max": round(w[-1] * 1e3, 2) if w else None,
+            "settle_timeouts": self.settle_timeouts,
+        }
+
+    def restore(self) -> None:
+        """Put the switch back as it was found (a shared server is not left off), once the last
+        request's record is built (a flip would discard it)."""
+        self.settle()
+        set_level(self.base_url, self.initial)
