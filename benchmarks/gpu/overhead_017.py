@@ -35,6 +35,7 @@ under an NVTX tool (not attached here), so its level measures the plugin's "no t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -118,6 +119,9 @@ def stop_receiver(proc: subprocess.Popen[bytes] | None) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+PHASES = ("overhead", "ablation", "throughput", "crossover")
+
+
 def ensure_model(path: Path) -> Path:
     if not (path / "config.json").exists():
         from sglang_mmtrace.harness.tiny_model import build_tiny_qwen3vl
@@ -146,6 +150,9 @@ def main() -> int:
     ap.add_argument("--crossover-rounds", type=int, default=30, help="rounds per launch")
     ap.add_argument("--launches", type=int, default=2, help="crossover launches per orientation")
     ap.add_argument("--seed", type=int, default=20261130)
+    ap.add_argument(
+        "--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)} (in that order)"
+    )
     ap.add_argument("--work-dir", default="/tmp/mmtrace-overhead-work", help="server logs and full records")
     args = ap.parse_args()
     out = Path(args.out)
@@ -178,47 +185,53 @@ def main() -> int:
     )  # fmt: skip
     (out / "run_info.json").write_text(json.dumps(info, indent=1, default=str))
     status = 0
+    phases = set(args.phases.split(","))
+    per_request = 0.1  # s per request until the overhead phase has measured it
     try:
-        with launched(cfg, work, True, st.health_timeout) as target:
-            # 1. overhead, same instance
-            res = driver.Outcome()
-            t0 = time.time()
-            driver.run_switched(target, "overhead", st, res)
-            took = time.time() - t0
-            per_request = cycle_s(res.lines) or took / max(1, res.results["overhead"]["requests_sent"])
-            save(out, "overhead", {"info": info, **res.results["overhead"], "wall_s": round(took, 1)}, res.lines)
-            print("\n".join(res.notes), flush=True)
-            # 2. ablation, rounds fitted to the time left after reserving the throughput phase; with
-            # records kept (so records/jsonl/prometheus/otlp do their work) each of the 5 levels with
-            # records on costs a ~2 s wait per kind (SGLang's open tail after a streamed response)
-            tp_need = 2 * args.segments * args.segment_s + 30
-            budget = left(deadline) - 40 - tp_need
-            keep = not args.ablation_no_records
-            per_round = 3 * 13 * per_request + (3 * 5 * RECORD_WAIT_S if keep else 0.0)
-            rounds = driver.estimate_rounds(budget, per_round, 1, args.ablation_rounds)
-            log(f"ablation: {rounds} rounds (asked {args.ablation_rounds}; {per_request * 1e3:.0f} ms per request, "
-                f"records {'kept' if keep else 'not kept'}: ~{per_round:.0f} s per round)")  # fmt: skip
-            opts.n, opts.keep_records, opts.deadline = rounds, keep, time.time() + budget
-            res = driver.Outcome()
-            t0 = time.time()
-            driver.run_switched(target, "ablation", st, res)
-            opts.keep_records, opts.deadline = False, deadline - 30
-            save(out, "ablation", {**res.results["ablation"], "rounds_asked": args.ablation_rounds,
-                                   "wall_s": round(time.time() - t0, 1)}, res.lines)  # fmt: skip
-            (out / "ablation.md").write_text(res.results["ablation"]["markdown"])
-            print(res.results["ablation"]["markdown"], flush=True)
-            # 3. throughput, segments shortened to fit
-            seg = min(args.segment_s, (left(deadline) - 45) / (2 * args.segments))
-            if seg >= 6:
-                opts.segment_s = seg
+        same_instance = phases & {"overhead", "ablation", "throughput"}
+        with launched(cfg, work, True, st.health_timeout) if same_instance else contextlib.nullcontext() as target:
+            if "overhead" in phases:
+                # 1. overhead, same instance
                 res = driver.Outcome()
-                driver.run_switched(target, "throughput", st, res)
-                save(out, "throughput", res.results["throughput"])
+                t0 = time.time()
+                driver.run_switched(target, "overhead", st, res)
+                took = time.time() - t0
+                per_request = cycle_s(res.lines) or took / max(1, res.results["overhead"]["requests_sent"])
+                save(out, "overhead", {"info": info, **res.results["overhead"], "wall_s": round(took, 1)}, res.lines)
                 print("\n".join(res.notes), flush=True)
-            else:
-                log(f"throughput: skipped, {left(deadline):.0f} s left")
+            if "ablation" in phases:
+                # 2. ablation, rounds fitted to the time left after reserving the throughput phase; with
+                # records kept (so records/jsonl/prometheus/otlp do their work) each of the 5 levels with
+                # records on costs a ~2 s wait per kind (SGLang's open tail after a streamed response)
+                tp_need = 2 * args.segments * args.segment_s + 30
+                budget = left(deadline) - 40 - tp_need
+                keep = not args.ablation_no_records
+                per_round = 3 * 13 * per_request + (3 * 5 * RECORD_WAIT_S if keep else 0.0)
+                rounds = driver.estimate_rounds(budget, per_round, 1, args.ablation_rounds)
+                log(f"ablation: {rounds} rounds (asked {args.ablation_rounds}; {per_request * 1e3:.0f} ms per request, "
+                    f"records {'kept' if keep else 'not kept'}: ~{per_round:.0f} s per round)")  # fmt: skip
+                opts.n, opts.keep_records, opts.deadline = rounds, keep, time.time() + budget
+                res = driver.Outcome()
+                t0 = time.time()
+                driver.run_switched(target, "ablation", st, res)
+                opts.keep_records, opts.deadline = False, deadline - 30
+                save(out, "ablation", {**res.results["ablation"], "rounds_asked": args.ablation_rounds,
+                                       "wall_s": round(time.time() - t0, 1)}, res.lines)  # fmt: skip
+                (out / "ablation.md").write_text(res.results["ablation"]["markdown"])
+                print(res.results["ablation"]["markdown"], flush=True)
+            if "throughput" in phases:
+                # 3. throughput, segments shortened to fit
+                seg = min(args.segment_s, (left(deadline) - 45) / (2 * args.segments))
+                if seg >= 6:
+                    opts.segment_s = seg
+                    res = driver.Outcome()
+                    driver.run_switched(target, "throughput", st, res)
+                    save(out, "throughput", res.results["throughput"])
+                    print("\n".join(res.notes), flush=True)
+                else:
+                    log(f"throughput: skipped, {left(deadline):.0f} s left")
         # 4. crossover, if time is left: a launch pair takes two starts plus its rounds
-        if left(deadline) > 150:
+        if "crossover" in phases and left(deadline) > 150:
             opts.n = args.crossover_rounds
             opts.deadline = deadline - 20
             res = driver.Outcome()
