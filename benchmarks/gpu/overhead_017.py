@@ -12,14 +12,13 @@ through the package's bench (``sglang_mmtrace.bench``: ``GpuServer`` via ``launc
 as soon as it ends, so a timeout loses only the running phase:
 
 1. ``overhead``: one server (plugin installed, ``--enable-metrics``, JSONL, OTLP to a receiver),
-   on/off by the runtime switch before each request, ``--n`` pairs per kind (default 200). Records
-   are not kept (no ``keep_records``: SGLang holds a streamed request ~2 s past its end, and a flip
-   in that time discards its record; waiting would cost ~2 s per 'on' request).
+   on/off by the runtime switch before each request, ``--n`` pairs per kind (default 200); every
+   'on' request gets its record (built under its generation's setting after the next flip).
 2. ``ablation`` on the same server: levels L0..L12, as many rounds as fit into the time left after
-   reserving the throughput phase (at most ``--ablation-rounds``; printed), records kept (the
-   bench waits for each record at the levels with ``records`` on, ~2 s each, so that ``records``,
-   ``jsonl``, ``prometheus`` and ``otlp`` do their work; ``--ablation-no-records`` trades that for
-   rounds).
+   reserving the throughput phase (at most ``--ablation-rounds``; printed), with ``keep_records``:
+   after a request at a level with ``records`` on the bench waits until its record is built
+   (~0.1 s), so the ``records``/``jsonl``/``prometheus``/``otlp`` work of one level does not spill
+   into the next request; ``--ablation-no-records`` skips that wait.
 3. ``throughput`` on the same server: ``--concurrency`` clients, 256 output tokens with
    ``ignore_eos``, ``--segments`` segments per arm of ``--segment-s`` seconds (shortened to fit).
 4. ``crossover`` if time is left: server pairs ``SGLANG_MMTRACE=1``/``=0`` started one after the
@@ -53,7 +52,7 @@ from sglang_mmtrace.bench.experiments import Options
 from sglang_mmtrace.bench.targets import LaunchConfig, launched
 
 REPO = Path(__file__).resolve().parents[2]
-RECORD_WAIT_S = 2.2  # SGLang keeps a streamed request open ~2 s after its end; its record comes after
+RECORD_WAIT_S = 0.15  # a record is built ~50-100 ms after the response (other processes' events)
 RECEIVER = r"""
 import json, signal, sys, threading
 sys.path.insert(0, sys.argv[1])
@@ -141,7 +140,7 @@ def main() -> int:
     ap.add_argument(
         "--ablation-no-records",
         action="store_true",
-        help="ablation without waiting for records (more rounds; the records and sink parts then do no work)",
+        help="ablation without waiting for each record to be built (its work then overlaps the next request)",
     )
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--segment-s", type=float, default=15.0, help="throughput segment (the CLI's default is 25)")
@@ -201,8 +200,7 @@ def main() -> int:
                 print("\n".join(res.notes), flush=True)
             if "ablation" in phases:
                 # 2. ablation, rounds fitted to the time left after reserving the throughput phase; with
-                # records kept (so records/jsonl/prometheus/otlp do their work) each of the 5 levels with
-                # records on costs a ~2 s wait per kind (SGLang's open tail after a streamed response)
+                # keep_records each of the 5 levels with records on waits for its record (~0.1 s) per kind
                 tp_need = 2 * args.segments * args.segment_s + 30
                 budget = left(deadline) - 40 - tp_need
                 keep = not args.ablation_no_records

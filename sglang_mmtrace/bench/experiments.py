@@ -58,7 +58,7 @@ class Options:
     segments: int = 3  # throughput: segments per arm
     settle_s: float = 2.0  # throughput: excluded after each flip
     gap_s: float = 0.1  # overhead / ablation: idle gap between a response's end and the next request
-    keep_records: bool = False  # overhead / ablation: wait before a flip so the last request keeps its record
+    keep_records: bool = False  # overhead / ablation: after a request with records on, wait until its record is built
     launches: int = 2  # overhead-crossover: launches per orientation (A/B, and A/A unless aa is False)
     aa: bool = True  # overhead-crossover: also the A/A control (both servers SGLANG_MMTRACE=0)
     deadline: float | None = None  # wall-clock epoch seconds: stop sending new requests after it

@@ -4,11 +4,9 @@ Two ways to get the arms, one plan and one analysis:
 
 - ``overhead`` (same instance): one server with the plugin installed; the plugin's runtime switch
   (``POST /mmtrace/enabled``) is flipped before each request, outside the timed region, and every
-  request starts the same idle gap after the previous one ended (``switch_route``). A flip discards
-  the record of a request still open on the server (SGLang holds a streamed request ~2 s past its
-  last byte), so records are kept only with ``keep_records`` (a wait before each flip that follows a
-  request with records on, until its record is built). Instance-to-instance differences (5-15% of TTFT between two servers on the
-  H200) cancel.
+  request starts the same idle gap after the previous one ended (``switch_route``); ``keep_records``
+  also waits, after a request with records on, until its record is built. Instance-to-instance
+  differences (5-15% of TTFT between two servers on the H200) cancel.
 - ``overhead-crossover`` (installed vs not installed at all): two servers, ``SGLANG_MMTRACE=1`` and
   ``=0``, started one after the other and alive together; the server not being measured is paused
   (SIGSTOP) on a CPU. Launches alternate the orientation (which arm's server starts first); each
@@ -125,9 +123,9 @@ def switch_route(
     flipper: Flipper, gap_s: float = 0.0, keep_records: bool = False, parts: tuple[str, ...] = PARTS
 ) -> Callable[[Planned], str]:
     """Before each request, outside the timed region: with ``keep_records``, if the previous request
-    runs with records on, wait until the plugin has built its record (a flip discards the record of
-    a request that has not ended on the server, and SGLang keeps a streamed request open ~2 s after
-    its last byte: about 2 s per such request). Then set the switch for this request's arm
+    ran with records on, wait until the plugin has built its record (so its record-building does not
+    overlap the next request, of either arm; a record is kept anyway: the plugin builds it under the
+    setting of the generation the request ran in). Then set the switch for this request's arm
     (``extra["parts"]`` for an ablation level) and wait until ``gap_s`` has passed since the
     previous response ended, so every request, whatever its arm, starts after the same idle gap.
     Keeps the switch's generation in ``extra``."""

@@ -105,10 +105,10 @@ def busy(state: dict[str, Any]) -> int:
 class Flipper:
     """Sets the switch before a request (untimed) and remembers the state to restore at the end.
 
-    A request's record is built once the request has ended on the server (SGLang keeps a streamed
-    request open ~2 s after its last byte) and the other processes' events arrived (up to the
-    collector's grace, 2 s), and only if the switch did not flip meanwhile: ``settle()`` waits until
-    the api process holds no request (none live, none finishing).
+    A request's record is built once its last body byte is out and the other processes' events
+    arrived (up to the collector's grace, 2 s), under the setting of the generation it ran in.
+    ``wait_records`` waits until the plugin's record count reaches a value; ``settle()`` until the api
+    process holds no request (none live, none finishing).
     """
 
     def __init__(self, base_url: str, settle_timeout: float = 8.0) -> None:

@@ -66,8 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--keep-records",
         action="store_true",
-        help="overhead/ablation: before a flip, wait until the last request's record is built (SGLang keeps a "
-        "streamed request open ~2 s after its end: ~2 s per recorded request); without it flips discard them",
+        help="overhead/ablation: after a request with records on, wait until its record is built before the next "
+        "flip (its record-building then overlaps no other request)",
     )
     s.add_argument("--server-pid", type=int, default=None, help="throughput with --url: the server's API process")
     s.add_argument(
