@@ -75,7 +75,7 @@ class CollectorClient:
             http = trace.http
             if http is not None and http.gen != (switch.generation if http.gen_end is None else http.gen_end):
                 trace.discard = True
-            elif not _ship.on:
+            elif not (http.ship if http is not None else _ship.on):
                 continue
             out.append(trace)
         if not out:

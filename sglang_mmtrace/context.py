@@ -38,6 +38,7 @@ class HttpCtx:
         "internal",
         "gen",
         "gen_end",
+        "ship",
     )
 
     def __init__(self, t_arrival: float, path: str) -> None:
@@ -55,6 +56,7 @@ class HttpCtx:
         self.internal = path in INTERNAL_PATHS  # SGLang's own health probes: joined, never reported
         self.gen = switch.generation  # recorded only if it ends in the same switch generation
         self.gen_end: int | None = None  # the generation when the last body byte was sent
+        self.ship = switch.on("ship")  # the setting it runs under decides, not the one when it is handed over
 
 
 class ApiTrace:
