@@ -142,6 +142,11 @@ def main() -> int:
         action="store_true",
         help="ablation without waiting for each record to be built (its work then overlaps the next request)",
     )
+    ap.add_argument(
+        "--ablation-groups",
+        default=None,
+        help='ablation levels as comma-separated groups of parts joined by "+" (default: one level per part)',
+    )
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--segment-s", type=float, default=15.0, help="throughput segment (the CLI's default is 25)")
     ap.add_argument("--gap-ms", type=float, default=60.0, help="idle gap before each request, both arms")
@@ -178,6 +183,8 @@ def main() -> int:
         n=args.n, warmup=2, seed=args.seed, concurrency=(args.concurrency,), segment_s=args.segment_s,
         segments=args.segments, launches=args.launches, timeout=120.0, deadline=deadline - 30, gap_s=args.gap_ms / 1000,
     )  # fmt: skip
+    if args.ablation_groups:
+        opts.ablation_parts = tuple(args.ablation_groups.split(","))
     st = driver.Settings(
         experiments=[], opts=opts, launch=[cfg], gpu=True, pause_other=False, work_dir=work,
         health_timeout=max(60.0, min(300.0, left(deadline) - 60)), records_timeout=10.0,
@@ -204,7 +211,7 @@ def main() -> int:
                 tp_need = 2 * args.segments * args.segment_s + 30
                 budget = left(deadline) - 40 - tp_need
                 keep = not args.ablation_no_records
-                per_round = 3 * 13 * per_request + (3 * 5 * RECORD_WAIT_S if keep else 0.0)
+                per_round = 3 * (len(opts.ablation_parts) + 1) * per_request + (3 * 5 * RECORD_WAIT_S if keep else 0.0)
                 rounds = driver.estimate_rounds(budget, per_round, 1, args.ablation_rounds)
                 log(f"ablation: {rounds} rounds (asked {args.ablation_rounds}; {per_request * 1e3:.0f} ms per request, "
                     f"records {'kept' if keep else 'not kept'}: ~{per_round:.0f} s per round)")  # fmt: skip

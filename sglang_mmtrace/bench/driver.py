@@ -98,8 +98,8 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
             plan = oh.paired_plan(name, n, opts.warmup, workload)
             log(f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x on/off, switch flipped per request")
         elif name == "ablation":
-            plan = abl.ablation_plan(n, min(opts.warmup, 1), workload, opts.seed)
-            log(f"ablation on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {len(abl.PARTS) + 1} levels")
+            plan = abl.ablation_plan(n, min(opts.warmup, 1), workload, opts.seed, opts.ablation_parts)
+            log(f"ablation on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {len(opts.ablation_parts) + 1} levels")
         else:
             plan = []
             pid = target.pid or st.server_pid or pid_listening_on(host_port(target.base_url)[1])
@@ -118,7 +118,7 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
             result = oh.summary(lines)
             out.notes += oh.notes(result, f"overhead on '{target.label}' (same instance, runtime switch)")
         else:
-            result = abl.ablation_summary(lines)
+            result = abl.ablation_summary(lines, opts.ablation_parts)
             result["markdown"] = abl.ablation_markdown(result)
             out.notes += [f"== ablation on '{target.label}' (same instance, runtime switch)", result["markdown"]]
             result["records"] = {

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..harness import data_url, image_message, make_image
+from ..switch import PARTS
 
 QUESTION = "What is in this image?"
 STEMS = (
@@ -59,6 +60,7 @@ class Options:
     settle_s: float = 2.0  # throughput: excluded after each flip
     gap_s: float = 0.1  # overhead / ablation: idle gap between a response's end and the next request
     keep_records: bool = False  # overhead / ablation: after a request with records on, wait until its record is built
+    ablation_parts: tuple[str, ...] = PARTS  # ablation levels in order; "a+b" adds a group of parts at one level
     launches: int = 2  # overhead-crossover: launches per orientation (A/B, and A/A unless aa is False)
     aa: bool = True  # overhead-crossover: also the A/A control (both servers SGLANG_MMTRACE=0)
     deadline: float | None = None  # wall-clock epoch seconds: stop sending new requests after it

@@ -88,8 +88,11 @@ def set_level(base_url: str, level: Level, timeout: float = 15.0) -> dict[str, A
 
 
 def levels(parts: Sequence[str] = PARTS) -> list[Level]:
-    """The ablation's cumulative levels: L0 = off, L1 = parts[:1], ..., L{len(parts)} = every part."""
-    return [None, *(tuple(parts[:i]) for i in range(1, len(parts) + 1))]
+    """The ablation's cumulative levels: L0 = off, L1 = parts[:1], ..., L{len(parts)} = every part.
+
+    An entry may be a group of parts joined by ``+`` (``"http+tokenizer+mm"``): one level adds them
+    all, so a coarse ablation needs fewer levels and affords more rounds."""
+    return [None, *(tuple(p for g in parts[:i] for p in g.split("+")) for i in range(1, len(parts) + 1))]
 
 
 def level_name(i: int, parts: Sequence[str] = PARTS) -> str:
