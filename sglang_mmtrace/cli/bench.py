@@ -64,6 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="overhead/ablation: idle gap between a response's end and the next request, both arms (default 100)",
     )
     s.add_argument(
+        "--ablation-groups",
+        default=None,
+        metavar="G1,G2,...",
+        help='ablation: one level per group instead of per part; a group joins parts with "+" (e.g. '
+        '"http+tokenizer,mm,scheduler,detokenizer,cuda_events,ship+records+jsonl+prometheus+otlp+nvtx")',
+    )
+    s.add_argument(
         "--keep-records",
         action="store_true",
         help="overhead/ablation: after a request with records on, wait until its record is built before the next "
@@ -114,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         settle_s=args.settle_s,
         gap_s=args.gap_ms / 1000,
         keep_records=args.keep_records,
+        **({"ablation_parts": tuple(args.ablation_groups.split(","))} if args.ablation_groups else {}),
         launches=args.launches,
         aa=not args.no_aa,
         deadline=args.deadline,
