@@ -6,12 +6,27 @@ from typing import Any
 
 from .. import nvtx_ranges
 from .. import scheduler_state as ss
-from .base import HookSpec, arg, interval
+from .base import HookSpec, Wrapper, arg, interval
 
 
-def _recv_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    if result:
-        ss.last_recv_start = t0
+def _recv_make(kind: str) -> Wrapper:
+    """``recv_requests``: when a call returns requests, remember when it started (their receive start).
+
+    Not an ``interval`` hook: the scheduler polls ``recv_requests`` in a tight loop, thousands of
+    times per request, so this wrapper does only a timestamp and a truth test (the H200 profile put
+    the generic wrapper at ~0.5 ms of scheduler time per request). Nothing here can raise.
+    """
+    if kind != "sync":
+        raise ValueError(f"scheduler.recv_requests: no wrapper for kind {kind!r}")
+
+    def wrapper(wrapped, instance, args, kwargs):
+        t0 = ss.now()
+        result = wrapped(*args, **kwargs)
+        if result:
+            ss.last_recv_start = t0
+        return result
+
+    return wrapper
 
 
 def _enqueue_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -59,7 +74,7 @@ def _forward_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "scheduler.recv_requests": interval("scheduler.recv_requests", _recv_exit),
+    "scheduler.recv_requests": HookSpec("scheduler.recv_requests", make=_recv_make),
     "scheduler.add_to_queue": interval("scheduler.add_to_queue", _enqueue_exit),
     "scheduler.run_batch": interval(
         "scheduler.run_batch", _run_exit, _run_enter, nvtx=("model.forward", _forward_detail)
