@@ -14,13 +14,13 @@ differences with a bootstrap 95% interval. Stand-ins do no work, so the plain ar
 the call chain itself and the extra is the plugin's cost alone.
 
 Each process kind runs in its own child interpreter so its runtime is set up as in SGLang:
-- api: a real ``Collector`` (no sinks) started on its ZMQ address; remote stage events for the
-  traced rids are pushed to it between blocks (outside the timed region), as an outbox would, so
-  records complete and the collector thread does its real join work concurrently;
-- scheduler / detokenizer: a real ``Outbox`` connected to a bound ZMQ PULL socket, so appends and
-  the shipping thread are real.
-The plugin's background threads (collector, outbox) are also measured: their CPU time per traced
-request, from the thread CPU clocks, minus their idle rate.
+- api: the real collector process (no sinks), started by ``CollectorClient``; remote stage events
+  for the traced rids are pushed to it between blocks (outside the timed region), as an outbox
+  would, so records complete and the collector does its real join work in its own process;
+- scheduler / detokenizer: a real ``Outbox`` connected to a bound ZMQ PULL socket, so appends, the
+  sends from the emitting thread and the control thread are real.
+The outbox's control thread is also measured: its CPU time per traced request, from the thread CPU
+clock, minus its idle rate (the API process runs no plugin thread).
 
     python -m benchmarks.hotpath                 # all processes, writes results/hotpath.json
     python -m benchmarks.hotpath --reps 5000     # quicker
