@@ -15,7 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..switch import PARTS
@@ -124,10 +124,10 @@ class Flipper:
         self.settle_timeouts = 0
         self.last: dict[str, Any] = {}
 
-    def settle(self) -> float:
-        """Poll ``/mmtrace/state`` until the plugin holds no request (bounded); returns the seconds waited."""
+    def _poll(self, done: Callable[[], bool]) -> float:
+        """Poll ``done`` every 10 ms until true or ``settle_timeout`` passed; returns the seconds waited."""
         t0 = time.monotonic()
-        while busy(read_state(self.base_url)):
+        while not done():
             if time.monotonic() - t0 > self.settle_timeout:
                 self.settle_timeouts += 1
                 break
@@ -135,6 +135,10 @@ class Flipper:
         waited = time.monotonic() - t0
         self.settle_s.append(waited)
         return waited
+
+    def settle(self) -> float:
+        """Poll ``/mmtrace/state`` until the plugin holds no request (bounded); returns the seconds waited."""
+        return self._poll(lambda: not busy(read_state(self.base_url)))
 
     def records(self) -> int:
         """Records the api process has built so far (``/mmtrace/state`` api.records)."""
@@ -142,15 +146,7 @@ class Flipper:
 
     def wait_records(self, at_least: int) -> float:
         """Poll until ``records() >= at_least`` (bounded); returns the seconds waited."""
-        t0 = time.monotonic()
-        while self.records() < at_least:
-            if time.monotonic() - t0 > self.settle_timeout:
-                self.settle_timeouts += 1
-                break
-            time.sleep(0.01)
-        waited = time.monotonic() - t0
-        self.settle_s.append(waited)
-        return waited
+        return self._poll(lambda: self.records() >= at_least)
 
     def set(self, level: Level) -> dict[str, Any]:
         self.last = set_level(self.base_url, level)
