@@ -162,15 +162,15 @@ class Collector:
         if kind == "state":
             self._reply(client, self.state())
         elif kind == "flip":
-            _, gen, on, parts, api_switch = msg
+            _, gen, on, parts = msg
             setting = switch.Setting(on, tuple(parts))
             switch.apply(setting, gen)
             self._settings[gen] = setting
             while len(self._settings) > SETTINGS_MEMORY:
                 del self._settings[min(self._settings)]
             self.last_flip = time.perf_counter()
-            if self.api_pid is not None:
-                self._api["switch"] = api_switch
+            if self._flip is not None:  # superseded: its requester gets an answer now, unconfirmed
+                self._answer_flip(self._flip[0], self._flip[1])
             self._flip = (client, gen, time.monotonic() + FLIP_TIMEOUT_S, 0.0, setting)
             self._check_flip()
         elif kind == "metrics":
@@ -184,14 +184,21 @@ class Collector:
         if self._flip is None:
             return
         client, gen, deadline, sent, setting = self._flip
-        missing = [key for key, hb in self._peers.items() if (hb.get("switch") or {}).get("generation") != gen]
         t = time.monotonic()
-        if missing and t < deadline:
+        if self._unconfirmed(gen) and t < deadline:
             if t - sent >= FLIP_RESEND_S:
                 self._pub.send(pickle.dumps((gen, setting.on, setting.parts)))
                 self._flip = (client, gen, deadline, t, setting)
             return
         self._flip = None
+        self._answer_flip(client, gen)
+
+    def _unconfirmed(self, gen: int) -> list[str]:
+        return [key for key, hb in self._peers.items() if (hb.get("switch") or {}).get("generation") != gen]
+
+    def _answer_flip(self, client: bytes, gen: int) -> None:
+        """``(all confirmed, per-process setting, the processes that did not confirm)``."""
+        missing = self._unconfirmed(gen)
         processes = {f"collector:{os.getpid()}": switch.snapshot()}
         processes.update({key: hb.get("switch") for key, hb in self._peers.items()})
         self._reply(client, (not missing, processes, missing))

@@ -25,6 +25,8 @@ from .context import LIVE, ApiTrace, HttpCtx, to_wire
 HEALTH_EVERY_S = 0.5
 """How often the API process's own counters ride along with a finished request."""
 ADMIN_TIMEOUT_S = 10.0
+FLIP_WAIT_S = 8.0
+"""Longer than the collector's own wait for confirmations (5 s), so its answer always arrives."""
 
 _ship = switch.gate("ship")
 
@@ -86,7 +88,7 @@ class CollectorClient:
         health = None
         if t - self._last_health >= HEALTH_EVERY_S:
             self._last_health = t
-            health = {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped), "switch": switch.snapshot()}
+            health = {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped)}
         with self._lock:
             try:
                 msg = ("api", "api", self._pid, ([to_wire(tr) for tr in out], health))
@@ -117,7 +119,7 @@ class CollectorClient:
         gen = switch.generation + 1
         switch.apply(setting, gen)
         confirmed, processes, missing = await self._request(
-            ("flip", gen, setting.on, setting.parts, switch.snapshot()), FLIP_WAIT_S
+            ("flip", gen, setting.on, setting.parts), FLIP_WAIT_S
         )
         processes = {f"api:{self._pid}": switch.snapshot(), **processes}
         answer = {**switch.snapshot(), "processes": processes, **({"missing": missing} if missing else {})}
@@ -136,9 +138,6 @@ class CollectorClient:
         if why:
             telemetry.warn("metrics disabled: %s", why)
 
-
-FLIP_WAIT_S = 8.0
-"""Longer than the collector's own wait for confirmations (5 s), so its answer always arrives."""
 
 
 def admin_request(address: str, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:

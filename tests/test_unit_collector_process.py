@@ -125,7 +125,7 @@ def test_flip_waits_for_the_peer_then_answers(collector):
 
     answer: dict = {}
     t = threading.Thread(target=lambda: answer.setdefault("a", admin_request(
-        col.admin_address, ("flip", gen, False, list(switch.PARTS), {"on": False, "parts": [], "generation": gen}))))
+        col.admin_address, ("flip", gen, False, list(switch.PARTS)))))
     t.start()
     assert sub.poll(5000), "the flip was not published"
     got_gen, on, parts = pickle.loads(sub.recv())
@@ -143,11 +143,11 @@ def test_flip_waits_for_the_peer_then_answers(collector):
 def test_a_request_that_ended_before_a_flip_is_exported_as_it_ran(collector):
     col, sink, push = collector
     on_gen = switch.generation + 1
-    assert admin_request(col.admin_address, ("flip", on_gen, True, list(switch.PARTS), {}))[0]
+    assert admin_request(col.admin_address, ("flip", on_gen, True, list(switch.PARTS)))[0]
     trace = _trace("r3", False)
     trace.http.gen = on_gen  # served (and finished) while everything was on
     gen = on_gen + 1
-    confirmed, _, _ = admin_request(col.admin_address, ("flip", gen, False, list(switch.PARTS), {}))
+    confirmed, _, _ = admin_request(col.admin_address, ("flip", gen, False, list(switch.PARTS)))
     assert confirmed  # no peers to wait for
     push.send(pickle.dumps(("api", "api", 11, ([to_wire(trace)], None))))  # arrives after the flip
     _wait(lambda: sink.records)
@@ -157,3 +157,24 @@ def test_a_request_that_ended_before_a_flip_is_exported_as_it_ran(collector):
     push.send(pickle.dumps(("api", "api", 11, ([to_wire(later)], None))))
     time.sleep(0.2)
     assert [r["rid"] for r in sink.records] == ["r3"]
+
+
+def test_a_superseded_flip_is_answered_at_once_unconfirmed(collector):
+    col, sink, push = collector
+    push.send(pickle.dumps(("hb", "scheduler", 7, {"switch": switch.snapshot()})))  # never confirms
+    _wait(lambda: "scheduler:7" in col._peers)
+    import threading
+
+    first: dict = {}
+    gen = switch.generation + 1
+    t = threading.Thread(target=lambda: first.setdefault("a", admin_request(col.admin_address, ("flip", gen, False, []))))
+    t.start()
+    _wait(lambda: col._flip is not None)
+    t0 = time.monotonic()
+    second = threading.Thread(target=lambda: admin_request(col.admin_address, ("flip", gen + 1, True, list(switch.PARTS))))
+    second.start()
+    t.join(3)
+    assert "a" in first and time.monotonic() - t0 < 3  # not left waiting until its own deadline
+    confirmed, _, missing = first["a"]
+    assert not confirmed and missing == ["scheduler:7"]
+    second.join(10)
