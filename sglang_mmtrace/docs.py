@@ -19,7 +19,7 @@ def stage_table() -> str:
     lines = ["| stage | process | covers |", "|---|---|---|"]
     for s in _CATALOGUE:
         name = ("&nbsp;&nbsp;" * s.depth) + f"`{s.name}`"
-        extra = "" if s.contract else " *(extra: not in the contract's table)*"
+        extra = " *(extra)*" if s.extra else ""
         clock = " GPU-timed with CUDA events on a GPU." if s.gpu_timed else ""
         lines.append(f"| {name} | {s.process} | {s.covers}.{clock}{extra} |")
     return "\n".join(lines)

@@ -22,7 +22,7 @@ class Stage:
     gpu_timed: bool = False
     per_image: bool = False
     batch: bool = False
-    contract: bool = True
+    extra: bool = False
 
     @property
     def group(self) -> str:
@@ -75,7 +75,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         "dispatched, waiting in the scheduler's socket while its loop is busy "
         "(joined: API send end -> scheduler receive start)",
         parent="request",
-        contract=False,
+        extra=True,
     ),
     Stage("scheduler.recv", SCHEDULER, "receive, deserialize, materialize features", parent="request"),
     Stage("scheduler.queue", SCHEDULER, "waiting until admitted to a prefill batch", parent="request"),
@@ -86,7 +86,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         "prefill batch formation: admission, KV allocation, input preparation",
         parent="request",
         batch=True,
-        contract=False,
+        extra=True,
     ),
     Stage(
         "model.forward",
@@ -94,7 +94,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         "the prefill forward of the batch holding the request, as the host sees it",
         parent="request",
         batch=True,
-        contract=False,
+        extra=True,
     ),
     Stage(
         "model.vision_encoder",
@@ -122,7 +122,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         "forward done, result waiting while the overlap scheduler runs the next batch",
         parent="request",
         batch=True,
-        contract=False,
+        extra=True,
     ),
     Stage(
         "scheduler.output", SCHEDULER, "result processing and hand-off to the detokenizer", parent="request", batch=True
@@ -132,7 +132,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         DETOKENIZER,
         "first token handed off, waiting for the detokenizer's loop (joined: scheduler hand-off end -> detokenize start)",
         parent="request",
-        contract=False,
+        extra=True,
     ),
     Stage("detokenize", DETOKENIZER, "first output detokenized", parent="request", batch=True),
     Stage(
@@ -140,7 +140,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         API,
         "detokenized, waiting for the API process's output loop (joined: detokenize end -> output received)",
         parent="request",
-        contract=False,
+        extra=True,
     ),
     Stage("response.first_chunk", API, "first output received -> first chunk written to the socket", parent="request"),
 )
@@ -157,7 +157,13 @@ def stage(name: str) -> Stage:
 
 
 def contract_stage_names() -> list[str]:
-    return [s.name for s in _CATALOGUE if s.contract]
+    """Every stage, in the contract table's order (extras included: the contract marks them)."""
+    return [s.name for s in _CATALOGUE]
+
+
+def core_stage_names() -> list[str]:
+    """The stages the contract does not mark *(extra)*: the ones every run must show somewhere."""
+    return [s.name for s in _CATALOGUE if not s.extra]
 
 
 def _display_order() -> dict[str, int]:

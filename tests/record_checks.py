@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mmtrace.harness import TOKEN_IDS
-from sglang_mmtrace.stages import ROOT, STAGES, contract_stage_names
+from sglang_mmtrace.stages import ROOT, STAGES, core_stage_names
 
 TOL = 1e-6  # the record rounds times to 1e-9 s; allow a little more
-CONTRACT_STAGES: frozenset[str] = frozenset(contract_stage_names())
+CORE_STAGES: frozenset[str] = frozenset(core_stage_names())
 MM_STAGES: frozenset[str] = frozenset(n for n in STAGES if n.startswith("mm."))
 TRANSPORT_STAGES: frozenset[str] = frozenset(n for n in STAGES if n.startswith("transport."))
 IMAGE_WORK_STAGES: frozenset[str] = frozenset({"mm.decode", "mm.resize_normalize"})
@@ -185,10 +185,10 @@ def _end(s: dict[str, Any]) -> float:
 def stage_set_problems(
     record: dict[str, Any], absent: Iterable[str] = (), required: Iterable[str] | None = None
 ) -> list[str]:
-    """Required stages present (default: every contract stage not in ``absent``), ``absent`` ones absent,
+    """Required stages present (default: every core (non-extra) stage not in ``absent``), ``absent`` ones absent,
     and nothing outside the catalogue."""
     absent = set(absent)
-    required = set(required) if required is not None else set(CONTRACT_STAGES - absent)
+    required = set(required) if required is not None else set(CORE_STAGES - absent)
     have = set(ran(record))
     problems = []
     if missing := sorted(required - have):

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import records, server_context
 from record_checks import (
-    CONTRACT_STAGES,
+    CORE_STAGES,
     ENCODER_STAGES,
     IMAGE_WORK_STAGES,
     MM_STAGES,
@@ -234,7 +234,7 @@ def test_coverage(case, label, i):
 def test_new_image(case):
     (ex,) = case("new_image")
     rec = ex.record
-    _check(stage_set_problems(rec, absent=()), ex)  # every contract stage happens for a new image
+    _check(stage_set_problems(rec, absent=()), ex)  # every core stage happens for a new image
     assert rec["cache"] == {"preprocess": "miss", "embedding": "miss", "image_prefix_hit": False}, ex.describe()
     vit = stages_named(rec, "model.vision_encoder")
     assert all(s["attrs"]["embedding_cache"] == "miss" and s["attrs"]["skipped"] is False for s in vit), ex.describe()
@@ -363,7 +363,7 @@ def test_image_1024x768(case, server):
 
 
 def test_contract_stage_catalogue_is_what_the_cases_cover(exchanges, server):
-    """Across the cases, every contract stage shows up at least once (no dead stage in the catalogue)."""
+    """Across the cases, every core (non-extra) stage shows up at least once (no dead stage in the catalogue)."""
     seen = {n for exs in exchanges.values() for ex in exs if ex.failure is None for n in names(ex.record)}
-    missing = sorted(CONTRACT_STAGES - seen)
-    assert not missing, f"contract stages never recorded: {missing}" + server_context(server)
+    missing = sorted(CORE_STAGES - seen)
+    assert not missing, f"core stages never recorded: {missing}" + server_context(server)

@@ -10,7 +10,7 @@ import pytest
 from sglang_mmtrace.hooks.registry import HOOKS
 from sglang_mmtrace.manifest import load
 from sglang_mmtrace.package import SUPPORTED_VERSIONS
-from sglang_mmtrace.stages import STAGES, contract_stage_names
+from sglang_mmtrace.stages import STAGES, contract_stage_names, core_stage_names
 
 CONTRACT = Path(__file__).resolve().parents[2] / "shared" / "CONTRACT.md"
 
@@ -33,7 +33,7 @@ def test_manifest_hooks_have_implementations_and_known_stages(version):
 def test_every_contract_stage_has_a_target_on_the_primary_version():
     manifest = load("0.5.23")
     covered = {s for e in manifest.hooks for s in e.stages}
-    missing = set(contract_stage_names()) - covered - CPU_ONLY_ABSENT
+    missing = set(core_stage_names()) - covered - CPU_ONLY_ABSENT
     assert not missing
 
 
@@ -46,8 +46,9 @@ def test_unknown_version_falls_back_to_nearest_older_manifest():
 def test_catalogue_matches_contract_stage_table():
     text = CONTRACT.read_text()
     table = text.split("## Stages", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z_.]+)` \| (\w+) \|", table, flags=re.M)
+    rows = re.findall(r"^\| `([a-z_.]+)` \| (\w+) \| (.*)\|$", table, flags=re.M)
     assert rows, "stage table not found in CONTRACT.md"
-    assert [name for name, _ in rows] == contract_stage_names()
-    for name, process in rows:
+    assert [name for name, _, _ in rows] == contract_stage_names()
+    for name, process, covers in rows:
         assert STAGES[name].process == process, name
+        assert STAGES[name].extra == covers.strip().startswith("*(extra)*"), name
