@@ -1,0 +1,144 @@
+"""Benchmark-only probe (``probe_017.py`` puts this folder on the server's PYTHONPATH): what the
+plugin costs each SGLang process, measured inside it.
+
+In every Python process that has ``MMTRACE_PROBE_DIR`` set, it:
+
+- wraps each hook wrapper the plugin applies (``sglang_mmtrace.plugin.apply``) with a timer of the
+  wrapper's *own* time: its whole duration minus the wrapped SGLang call's (for coroutine hooks, the
+  same around the await). Per hook id: calls, own seconds;
+- times the garbage collector (``gc.callbacks``): collections and seconds per generation;
+- writes those, with the process's CPU times and thread count, to ``MMTRACE_PROBE_DIR/<pid>.json``
+  every second from a daemon thread (the probe's own cost, not the plugin's).
+
+The driver reads the files before and after a block of requests and divides the differences by the
+requests. Never fails the host: any error leaves the process unprobed. A ``sitecustomize`` further
+along ``sys.path`` (the CPU harness's shims) still runs, after the probe.
+"""
+
+from __future__ import annotations
+
+import os
+
+if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") != str(os.getpid()):
+    os.environ["MMTRACE_PROBE_PID"] = str(os.getpid())  # once per process, however often this runs
+    try:
+        import gc
+        import json
+        import sys
+        import threading
+        import time
+
+        _dir = os.environ["MMTRACE_PROBE_DIR"]
+        _now = time.perf_counter
+        _own: dict[str, list[float]] = {}
+        _gc: dict[str, list[float]] = {}
+        _gc_t0 = [0.0]
+
+        def _on_gc(phase: str, info: dict) -> None:
+            if phase == "start":
+                _gc_t0[0] = _now()
+            else:
+                slot = _gc.setdefault(str(info.get("generation")), [0, 0.0])
+                slot[0] += 1
+                slot[1] += _now() - _gc_t0[0]
+
+        gc.callbacks.append(_on_gc)
+
+        def _timed(hook_id: str, kind: str, wrapper):
+            slot = _own.setdefault(hook_id, [0, 0.0])
+            if kind == "async":
+
+                async def timed_async(wrapped, instance, args, kwargs):
+                    inner = [0.0]
+
+                    async def call(*a, **k):
+                        t = _now()
+                        try:
+                            return await wrapped(*a, **k)
+                        finally:
+                            inner[0] += _now() - t
+
+                    t0 = _now()
+                    try:
+                        return await wrapper(call, instance, args, kwargs)
+                    finally:
+                        slot[0] += 1
+                        slot[1] += _now() - t0 - inner[0]
+
+                return timed_async
+            if kind != "sync":
+                return wrapper
+
+            def timed_sync(wrapped, instance, args, kwargs):
+                inner = [0.0]
+
+                def call(*a, **k):
+                    t = _now()
+                    try:
+                        return wrapped(*a, **k)
+                    finally:
+                        inner[0] += _now() - t
+
+                t0 = _now()
+                try:
+                    return wrapper(call, instance, args, kwargs)
+                finally:
+                    slot[0] += 1
+                    slot[1] += _now() - t0 - inner[0]
+
+            return timed_sync
+
+        import sglang_mmtrace.patch as _patch
+        import sglang_mmtrace.plugin as _plugin  # imports ``apply`` by name: replace it there
+
+        _apply = _patch.apply
+
+        def _probed_apply(hook_id, target, wrapper):
+            kind = _patch.kind_of(_patch.resolve(target).original)
+            return _apply(hook_id, target, _timed(hook_id, kind, wrapper))
+
+        _patch.apply = _plugin.apply = _probed_apply
+
+        def _dump() -> None:
+            path = os.path.join(_dir, f"{os.getpid()}.json")
+            while True:
+                try:
+                    t = os.times()
+                    state = {
+                        "pid": os.getpid(),
+                        "argv": sys.argv[:3],
+                        "wall": time.time(),
+                        "cpu_s": t.user + t.system,
+                        "threads": threading.active_count(),
+                        "own": _own,
+                        "gc": _gc,
+                    }
+                    tmp = f"{path}.{threading.get_ident()}.tmp"
+                    with open(tmp, "w") as f:
+                        json.dump(state, f)
+                    os.replace(tmp, path)
+                except Exception:
+                    pass
+                time.sleep(1.0)
+
+        threading.Thread(target=_dump, name="mmtrace-probe", daemon=True).start()
+    except Exception:
+        pass
+
+
+def _chain() -> None:
+    import sys
+
+    if getattr(sys, "_mmtrace_probe_chained", False):  # the next one may chain back to this one
+        return
+    sys._mmtrace_probe_chained = True  # type: ignore[attr-defined]
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        path = os.path.join(os.path.abspath(entry or "."), "sitecustomize.py")
+        if os.path.dirname(path) != here and os.path.exists(path):
+            with open(path) as f:
+                exec(compile(f.read(), path, "exec"), {"__name__": "sitecustomize", "__file__": path})
+            return
+
+
+_chain()

@@ -1,0 +1,158 @@
+"""What the plugin costs inside each SGLang process: own time per hook, GC, CPU, on vs off by the switch.
+
+    python3 benchmarks/gpu/probe_017.py --out OUTDIR --deadline EPOCH_S [--model DIR]
+        [--arms on,off,on,off] [--rounds 60] [--gap-ms 60] [--cpu]
+
+One server (``$SGLANG_GPU_FLAGS --enable-metrics``, JSONL) started with ``probe/`` on its
+PYTHONPATH and ``MMTRACE_PROBE_DIR`` set (see ``probe/sitecustomize.py``). Per block (an arm:
+``on``, ``off``, or ``on-<part>[-<part>...]`` = every part but those), the switch is set, then one
+client sends ``--rounds`` rounds of new image / same image / text, one request at a time with a
+``--gap-ms`` idle gap. Around each block the probe files are read (after 1.5 s, so a dump has
+happened). Writes ``OUTDIR/probe.json``: per block and process role the differences per request
+(CPU seconds, GC collections and seconds per generation, own seconds and calls per hook id) and the
+client TTFT medians per kind. ``--cpu``: the CPU demo server instead (a smoke test of the probe
+here, or the CPU side of the measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sglang_mmtrace.bench import procs, switchctl
+from sglang_mmtrace.bench.client import timed_chat
+from sglang_mmtrace.bench.experiments import QUESTION
+from sglang_mmtrace.bench.targets import LaunchConfig, default_config, launched
+from sglang_mmtrace.harness import SHIMS_DIR, data_url, image_message, make_image
+
+PROBE = Path(__file__).resolve().parent / "probe"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def level(arm: str) -> tuple[str, ...] | None:
+    if arm == "off":
+        return None
+    if arm == "on":
+        return tuple(switchctl.PARTS)
+    drop = set(arm.split("-")[1:])
+    assert arm.startswith("on-") and drop <= set(switchctl.PARTS), arm
+    return tuple(p for p in switchctl.PARTS if p not in drop)
+
+
+def snapshot(folder: Path, roles: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
+    time.sleep(1.5)
+    out = {}
+    for role, pids in roles.items():
+        for i, pid in enumerate(pids):
+            path = folder / f"{pid}.json"
+            if path.exists():
+                out[f"{role}{i or ''}"] = json.loads(path.read_text())
+    return out
+
+
+def diff(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, Any]:
+    own = {}
+    for hook, (calls, secs) in b["own"].items():
+        c0, s0 = a["own"].get(hook, (0, 0.0))
+        if calls - c0:
+            own[hook] = {"calls_per_req": round((calls - c0) / n, 2), "own_us_per_req": round((secs - s0) / n * 1e6, 2)}
+    gc = {}
+    for gen, (cnt, secs) in b["gc"].items():
+        c0, s0 = a["gc"].get(gen, (0, 0.0))
+        gc[gen] = {"per_req": round((cnt - c0) / n, 3), "us_per_req": round((secs - s0) / n * 1e6, 1)}
+    return {
+        "cpu_ms_per_req": round((b["cpu_s"] - a["cpu_s"]) / n * 1e3, 3),
+        "threads": b["threads"],
+        "own_us_per_req_total": round(sum(v["own_us_per_req"] for v in own.values()), 1),
+        "gc": gc,
+        "own": dict(sorted(own.items(), key=lambda kv: -kv[1]["own_us_per_req"])),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--deadline", type=float, default=time.time() + 540)
+    ap.add_argument("--model", default=os.environ.get("MODEL", "/tmp/tiny-qwen3vl"))
+    ap.add_argument("--server-flags", default=os.environ.get("SGLANG_GPU_FLAGS", ""))
+    ap.add_argument("--arms", default="on,off,on,off")
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--gap-ms", type=float, default=60.0)
+    ap.add_argument("--cpu", action="store_true", help="the CPU demo server (no GPU)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    probe_dir = out / "probe"
+    probe_dir.mkdir(exist_ok=True)
+    env = {
+        "MMTRACE_PROBE_DIR": str(probe_dir),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(PROBE), os.environ.get("PYTHONPATH", "")) if p),
+        "SGLANG_MMTRACE_JSONL": str(out / "records.jsonl"),
+    }
+    if args.cpu:
+        env["PYTHONPATH"] = os.pathsep.join((str(PROBE), str(SHIMS_DIR), os.environ.get("PYTHONPATH", "")))
+        cfg = LaunchConfig("cpu demo config probed", default_config(False).args, env)
+    else:
+        model = Path(args.model)
+        if not (model / "config.json").exists():
+            from sglang_mmtrace.harness.tiny_model import build_tiny_qwen3vl
+
+            build_tiny_qwen3vl(model)
+        flags = (*shlex.split(args.server_flags), "--enable-metrics")
+        cfg = LaunchConfig("h200 0.5.17 probed", ("--model-path", str(model), *flags), env)
+    fixed = data_url(make_image(640, 480, seed=7, fmt="JPEG"))
+    blocks = []
+    with launched(cfg, Path("/tmp/probe-work"), not args.cpu, 300.0) as target:
+        roles = procs.server_processes(target.pid)
+        log(f"processes {roles}")
+        for i in range(5):  # warm-up (JIT)
+            timed_chat(
+                target.base_url, [image_message(QUESTION, [data_url(make_image(640, 480, seed=100 + i, fmt="JPEG"))])]
+            )
+        n_img = 1000
+        for b, arm in enumerate(args.arms.split(",")):
+            if time.time() + args.rounds * 0.2 + 10 > args.deadline:
+                log(f"stopping before block {b}: deadline")
+                break
+            switchctl.set_level(target.base_url, level(arm))
+            before = snapshot(probe_dir, roles)
+            ttft: dict[str, list[float]] = {"new_image": [], "same_image": [], "text": []}
+            for _ in range(args.rounds):
+                for kind in ttft:
+                    if kind == "text":
+                        msgs = [{"role": "user", "content": f"Round {n_img}: name one colour and one shape."}]
+                    else:
+                        url = fixed if kind == "same_image" else data_url(make_image(640, 480, seed=n_img, fmt="JPEG"))
+                        msgs = [image_message(QUESTION, [url])]
+                    n_img += 1
+                    ttft[kind].append(timed_chat(target.base_url, msgs)["ttft_s"])
+                    time.sleep(args.gap_ms / 1000)
+            after = snapshot(probe_dir, roles)
+            n = 3 * args.rounds
+            block = {
+                "block": b,
+                "arm": arm,
+                "requests": n,
+                "ttft_p50_ms": {k: round(sorted(v)[len(v) // 2] * 1000, 3) for k, v in ttft.items()},
+                "processes": {r: diff(before[r], after[r], n) for r in after if r in before},
+            }
+            blocks.append(block)
+            log(f"block {b} ({arm}): TTFT p50 {block['ttft_p50_ms']} "
+                + " ".join(f"{r}: cpu {p['cpu_ms_per_req']} ms own {p['own_us_per_req_total']} us gc {p['gc']}"
+                           for r, p in block["processes"].items()))  # fmt: skip
+            (out / "probe.json").write_text(json.dumps(blocks, indent=1))
+        switchctl.set_level(target.base_url, tuple(switchctl.PARTS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
