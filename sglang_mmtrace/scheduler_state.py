@@ -40,14 +40,8 @@ class Clock:
         self.cuda = False
         self.ref: Any = None
         self.t_ref = 0.0
-        cfg = config.get()
-        if cfg.gpu_timing and switch.on("cuda_events"):
-            try:
-                import torch
-
-                self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-            except Exception:
-                self.cuda = False
+        if config.get().gpu_timing and switch.on("cuda_events"):
+            self.cuda = _cuda_ready()
         if self.cuda:
             self.ref = self.mark()
             self.t_ref = now()
@@ -71,6 +65,22 @@ class Clock:
     @property
     def name(self) -> str:
         return "cuda" if self.cuda else "host"
+
+
+_cuda_seen = False
+
+
+def _cuda_ready() -> bool:
+    """CUDA initialized in this process (remembered once true: it stays so for the process's life)."""
+    global _cuda_seen
+    if not _cuda_seen:
+        try:
+            import torch
+
+            _cuda_seen = torch.cuda.is_available() and torch.cuda.is_initialized()
+        except Exception:
+            return False
+    return _cuda_seen
 
 
 class FwdCtx:

@@ -141,6 +141,7 @@ def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     monkeypatch.setattr(tc.Stream, "synchronize", lambda self: fake.sync("torch.cuda.Stream.synchronize"))
     monkeypatch.delenv("SGLANG_MMTRACE_GPU_TIMING", raising=False)
     monkeypatch.delenv("SGLANG_MMTRACE_TEST_RAISE", raising=False)
+    monkeypatch.setattr(ss, "_cuda_seen", False)  # each test's fake CUDA starts unseen
     config.reset()
     # a fake perf_counter: 10 ms a call (base.interval, the scheduler state; the pre-cdbd963 wrapper too)
     ticks = itertools.count()

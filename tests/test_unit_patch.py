@@ -125,3 +125,36 @@ def test_inherited_attribute_is_refused(toy):
     toy.Child = Child
     with pytest.raises(AttributeError, match="inherited"):
         resolve("mmtrace_toy.Child.sync")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_entered_only_passes_unentered_calls_straight_through(toy, kind):
+    """``entered_only``: an ``on_enter`` of None (a decode step for a prefill hook) skips the exit step;
+    the call is still made exactly once, with its result and exceptions unchanged."""
+    exits: list = []
+    spec = interval(
+        "toy",
+        lambda st, t0, t1, inst, args, kwargs, result, exc: exits.append((st, result, exc)),
+        on_enter=lambda inst, args, kwargs: "entered" if args[0] == "measure" else None,
+        entered_only=True,
+    )
+    name = "sync" if kind == "sync" else "coro"
+    applied = apply(f"toy.{name}", f"mmtrace_toy.Toy.{name}", spec.make(kind))
+    obj = toy.Toy()
+
+    def call(x):
+        out = getattr(obj, name)(x)
+        return asyncio.run(out) if kind == "async" else out
+
+    skipped = call("skip")
+    measured = call("measure")
+    with pytest.raises((KeyError, ValueError)):
+        call("boom")  # not entered: the exception passes through untouched
+    assert toy.Toy.calls == 3
+    assert exits == [("entered", measured, None)] and skipped != measured
+    unpatch(applied)
+
+
+def test_entered_only_needs_an_enter_step():
+    with pytest.raises(ValueError, match="entered_only"):
+        interval("toy", lambda *a: None, entered_only=True)

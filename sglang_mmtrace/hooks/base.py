@@ -83,14 +83,27 @@ def push_nvtx(component: str, nvtx: Nvtx | None, instance: Any, args: tuple, kwa
         return None
 
 
-def interval(component: str, on_exit: Exit, on_enter: Enter | None = None, nvtx: Nvtx | None = None) -> HookSpec:
-    """A hook that times the wrapped call and hands ``(state, t0, t1, ...)`` to ``on_exit``."""
+def interval(
+    component: str,
+    on_exit: Exit,
+    on_enter: Enter | None = None,
+    nvtx: Nvtx | None = None,
+    entered_only: bool = False,
+) -> HookSpec:
+    """A hook that times the wrapped call and hands ``(state, t0, t1, ...)`` to ``on_exit``.
+
+    ``entered_only``: when ``on_enter`` returns None the call has nothing to measure (a decode batch
+    for a prefill hook) and goes straight through: no NVTX check, no timing, no ``on_exit``. For
+    targets called on every decode step, where most calls are of that kind.
+    """
 
     def make(kind: str) -> Wrapper:
         if kind == "async":
 
             async def async_wrapper(wrapped, instance, args, kwargs):
                 st = guarded(component, on_enter, instance, args, kwargs) if on_enter else None
+                if st is None and entered_only:
+                    return await wrapped(*args, **kwargs)
                 range_id = (
                     push_nvtx(component, nvtx, instance, args, kwargs, nested=False)
                     if nvtx is not None and nvtx_ranges.domain is not None
@@ -115,6 +128,8 @@ def interval(component: str, on_exit: Exit, on_enter: Enter | None = None, nvtx:
 
             def sync_wrapper(wrapped, instance, args, kwargs):
                 st = guarded(component, on_enter, instance, args, kwargs) if on_enter else None
+                if st is None and entered_only:
+                    return wrapped(*args, **kwargs)
                 pushed = (
                     nvtx is not None
                     and nvtx_ranges.domain is not None
@@ -137,6 +152,8 @@ def interval(component: str, on_exit: Exit, on_enter: Enter | None = None, nvtx:
             return sync_wrapper
         raise ValueError(f"{component}: no interval wrapper for kind {kind!r}")
 
+    if entered_only and on_enter is None:
+        raise ValueError(f"{component}: entered_only needs an on_enter")
     return HookSpec(component, make=make)
 
 

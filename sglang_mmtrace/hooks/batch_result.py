@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import nvtx_ranges
 from .. import scheduler_state as ss
-from .base import HookSpec, arg, interval
+from .base import HookSpec, Wrapper, arg, interval
 
 
 def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
@@ -103,13 +103,27 @@ def _output_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     return nvtx_ranges.rids_detail(rids) if rids else None
 
 
-def _stream_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    ss.last_stream_end = t1
+def _stream_make(kind: str) -> Wrapper:
+    """``stream_output``: remember when the hand-off to the detokenizer ended.
+
+    Called on every decode step of every request, so not an ``interval`` hook: a call and one
+    timestamp, nothing that can raise (as ``scheduler.recv_requests``).
+    """
+    if kind != "sync":
+        raise ValueError(f"output_streamer.stream_output: no wrapper for kind {kind!r}")
+
+    def wrapper(wrapped, instance, args, kwargs):
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            ss.last_stream_end = ss.now()
+
+    return wrapper
 
 
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "output_streamer.stream_output": interval("output_streamer.stream_output", _stream_exit),
+    "output_streamer.stream_output": HookSpec("output_streamer.stream_output", make=_stream_make),
     "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=("scheduler.output", _output_detail)),
 }

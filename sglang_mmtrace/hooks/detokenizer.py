@@ -20,9 +20,8 @@ def _enter(instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    if st is not None:
-        first, n = st
-        ss.emit(first, "detokenize", t0, t1, attrs={"batch_size": n})
+    first, n = st
+    ss.emit(first, "detokenize", t0, t1, attrs={"batch_size": n})
 
 
 def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
@@ -33,5 +32,8 @@ def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
 PART = "detokenizer"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "detokenizer.handle_batch": interval("detokenizer.handle_batch", _exit, _enter, nvtx=("detokenize", _detail)),
+    # entered_only: a batch with no request's first output (every later step) goes straight through
+    "detokenizer.handle_batch": interval(
+        "detokenizer.handle_batch", _exit, _enter, nvtx=("detokenize", _detail), entered_only=True
+    ),
 }

@@ -55,8 +55,6 @@ def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _run_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    if st is None:
-        return
     batch, ctx = st
     ctx.t0, ctx.t1 = t0, t1
     for tr in ctx.traces:
@@ -76,7 +74,8 @@ PART = "scheduler"  # the switch part that gates these hooks
 HOOKS: dict[str, HookSpec] = {
     "scheduler.recv_requests": HookSpec("scheduler.recv_requests", make=_recv_make),
     "scheduler.add_to_queue": interval("scheduler.add_to_queue", _enqueue_exit),
+    # entered_only: a decode batch (every step of every request) only resets ``ss.current``
     "scheduler.run_batch": interval(
-        "scheduler.run_batch", _run_exit, _run_enter, nvtx=("model.forward", _forward_detail)
+        "scheduler.run_batch", _run_exit, _run_enter, nvtx=("model.forward", _forward_detail), entered_only=True
     ),
 }
