@@ -4,8 +4,9 @@ The hot path appends a tuple to a deque. In a scheduler, ``scheduler.output`` (e
 has handed the first token to the detokenizer) also sends the queued events, on the scheduler's own
 thread, as one non-blocking ZMQ message: a pickle of a few tuples and a copy into ZMQ's queue, no
 wake-up of another Python thread. The detokenizer's ``detokenize`` is emitted *before* SGLang sends
-the text on, so it does not send there: its events go with the next heartbeat. When the collector
-is slow or gone, messages are dropped and counted, never waited for.
+the text on, so it does not send there: its events go at the start of the detokenizer's next batch
+(``flush_pending``; the next decode step, milliseconds later), or with the next heartbeat when no
+batch follows. When the collector is slow or gone, messages are dropped and counted, never waited for.
 
 A daemon thread applies the runtime switch's flips, which the collector publishes on its control
 socket, and confirms each at once with a heartbeat. While the switch is on it also wakes every
@@ -48,6 +49,11 @@ class Outbox:
     ) -> None:
         self._q.append((rids, stage, t0, t1, clock, attrs or {}))
         if stage in FLUSH_STAGES:
+            self.flush()
+
+    def flush_pending(self) -> None:
+        """Send what earlier calls queued, if anything (one truth test when nothing is)."""
+        if self._q:
             self.flush()
 
     def start(self) -> None:

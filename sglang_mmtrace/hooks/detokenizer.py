@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import nvtx_ranges
+from .. import nvtx_ranges, runtime
 from .. import scheduler_state as ss
 from .base import HookSpec, arg, interval
 
 
 def _enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    box = runtime.outbox
+    if box is not None:
+        box.flush_pending()  # the previous batch's events: SGLang has sent its text on by now
     recv_obj = arg(args, kwargs, 0, "recv_obj")
     status = getattr(instance, "decode_status", None)
     rids = getattr(recv_obj, "rids", None) or ()

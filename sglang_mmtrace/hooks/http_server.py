@@ -82,7 +82,9 @@ def _open(scope: dict) -> HttpCtx:
 
 
 def _on_send(ctx: HttpCtx, message: dict) -> None:
-    """Called right after ``send`` returned: the bytes have been handed to the socket."""
+    """Called right after ``send`` returned: the bytes have been handed to the socket.
+
+    After the last body byte the exchange is complete: its traces go to the collector at once."""
     mtype = message.get("type")
     if mtype == "http.response.body":
         t = now()
@@ -91,6 +93,10 @@ def _on_send(ctx: HttpCtx, message: dict) -> None:
         if not message.get("more_body", False):
             ctx.t_last_body = t
             ctx.gen_end = switch.generation
+            if ctx.traces and runtime.collector is not None:
+                # Hand the exchange over now: SGLang's streaming app returns ~2 s after its last byte,
+                # and the record should not wait for that (the ``finally`` below ships only the rest).
+                runtime.collector.finish_http(ctx)
     elif mtype == "http.response.start":
         ctx.status_code = message.get("status")
 
