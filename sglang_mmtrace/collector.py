@@ -35,10 +35,14 @@ POLL_MS = 50
 IDLE_POLL_MS = 1000
 """While the switch is off and nothing is waiting: how long the collector sleeps between looks."""
 HEALTH_INTERVAL_S = 1.0
-ORPHAN_TTL_S = 300.0
-"""Events of a rid the API process never finished: kept this long (a cold first request can take a
-minute of JIT compilation on a GPU), then dropped and counted."""
+ORPHAN_TTL_S = 60.0
+"""Events of a rid whose last remote stage (``scheduler.output``) has arrived but whose API side has
+not: kept this long, then dropped and counted. The clock starts at that last stage, not at the
+first event: a request's first events ride a heartbeat while its forward may still run for minutes
+(a cold first request waits for JIT compilation on a GPU), and the API hands a request over at its
+last body byte, right after its last remote stage."""
 ORPHAN_MAX = 100_000
+"""Rids with pending events, finished or not: beyond this the oldest are dropped (a memory bound)."""
 DONE_MEMORY = 4096
 LAST_REMOTE_STAGES = ("scheduler.output", "detokenize")
 SETTINGS_MEMORY = 64
@@ -237,7 +241,8 @@ class Collector:
                 if rid in self._done:
                     continue
                 self._remote.setdefault(rid, []).append(StageEvent(name, process, t0, t1, clock, attrs, pid))
-                self._remote_seen.setdefault(rid, t)
+                if name in LAST_REMOTE_STAGES:
+                    self._remote_seen.setdefault(rid, t)  # the orphan clock starts here
 
     def _on_traces(self, traces: list[ApiTrace]) -> None:
         for trace in traces:
@@ -258,20 +263,29 @@ class Collector:
             else:
                 keep.append((deadline, trace))
         self._waiting = keep
-        if len(self._remote_seen) > ORPHAN_MAX or (self._remote_seen and t - next(iter(self._remote_seen.values())) > ORPHAN_TTL_S):
+        if len(self._remote) > ORPHAN_MAX or (
+            self._remote_seen and t - next(iter(self._remote_seen.values())) > ORPHAN_TTL_S
+        ):
             self._drop_orphans(t)
 
     def _drop_orphans(self, t: float) -> None:
-        """Events whose request the API process never finished (oldest first; insertion order)."""
+        """Events whose request the API process never finished: finished remotely more than
+        ``ORPHAN_TTL_S`` ago (oldest first; insertion order), then any beyond ``ORPHAN_MAX``."""
         for rid, seen in list(self._remote_seen.items()):
-            if t - seen <= ORPHAN_TTL_S and len(self._remote_seen) <= ORPHAN_MAX:
+            if t - seen <= ORPHAN_TTL_S:
                 break
-            self._remote_seen.pop(rid, None)
-            if self._remote.pop(rid, None) is not None:
-                if abs(seen - self.last_flip) < ORPHAN_TTL_S:
-                    self._discarded += 1  # its API side arrived while the switch was off
-                else:
-                    telemetry.drop("orphan_events")
+            self._drop_orphan(rid, seen)
+        while len(self._remote) > ORPHAN_MAX:
+            rid = next(iter(self._remote))
+            self._drop_orphan(rid, self._remote_seen.get(rid, t))
+
+    def _drop_orphan(self, rid: str, seen: float) -> None:
+        self._remote_seen.pop(rid, None)
+        if self._remote.pop(rid, None) is not None:
+            if abs(seen - self.last_flip) < ORPHAN_TTL_S:
+                self._discarded += 1  # its API side arrived while the switch was off
+            else:
+                telemetry.drop("orphan_events")
 
     def _setting_of(self, trace: ApiTrace) -> switch.Setting:
         """The switch setting the request was served under (its generation's), not the one now: a

@@ -38,6 +38,7 @@ class Config:
     capture_content: bool = False
     grace_s: float = 2.0
     test_raise: frozenset[str] = field(default_factory=frozenset)
+    test_stall: tuple[str, float] | None = None
 
     @classmethod
     def from_env(cls) -> Config:
@@ -67,11 +68,20 @@ class Config:
             capture_content=_flag(ev.SGLANG_MMTRACE_CAPTURE_CONTENT, False),
             grace_s=max(0.05, _float(ev.SGLANG_MMTRACE_GRACE_S, 2.0)),
             test_raise=raise_set,
+            test_stall=_stall(env.get(ev.SGLANG_MMTRACE_TEST_STALL, "")),
         )
 
     def raises(self, component: str) -> bool:
         """Test-only switch: should the plugin code of this hook component raise?"""
         return bool(self.test_raise) and ("all" in self.test_raise or component in self.test_raise)
+
+
+def _stall(value: str) -> tuple[str, float] | None:
+    component, _, seconds = value.partition(":")
+    try:
+        return (component.strip(), float(seconds)) if component.strip() else None
+    except ValueError:
+        return None
 
 
 _config: Config | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections import Counter
 from typing import Any
 
@@ -32,15 +33,26 @@ def contained(component: str, exc: BaseException) -> None:
 
 
 _inject: frozenset[str] | None = None
+_stall: tuple[str, float] | None = None
 
 
 def maybe_inject(component: str) -> None:
-    """Raise inside plugin code when the test-only switch names this component (hot path: one test)."""
-    global _inject
+    """The test-only switches, inside plugin code (hot path: one test when neither is set):
+    ``SGLANG_MMTRACE_TEST_RAISE`` raises in the components it names, ``SGLANG_MMTRACE_TEST_STALL``
+    sleeps once in the one it names."""
+    global _inject, _stall
     if _inject is None:
-        _inject = config.get().test_raise
-    if _inject and ("all" in _inject or component in _inject):
-        raise InjectedError(f"injected failure in {component}")
+        cfg = config.get()
+        _stall = cfg.test_stall
+        _inject = cfg.test_raise | ({_stall[0]} if _stall else set())
+    if _inject:
+        if _stall is not None and component == _stall[0]:
+            seconds, _stall = _stall[1], None
+            _inject = config.get().test_raise
+            time.sleep(seconds)
+            return
+        if "all" in _inject or component in _inject:
+            raise InjectedError(f"injected failure in {component}")
 
 
 def drop(sink: str, n: int = 1, why: object = None) -> None:

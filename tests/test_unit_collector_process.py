@@ -178,3 +178,33 @@ def test_a_superseded_flip_is_answered_at_once_unconfirmed(collector):
     confirmed, _, missing = first["a"]
     assert not confirmed and missing == ["scheduler:7"]
     second.join(10)
+
+
+def test_a_long_forward_keeps_its_early_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold first request: its first scheduler events ride a heartbeat, then the forward runs for
+    10 minutes (JIT compilation); they must still join its record (issue: the first request after
+    start-up lost its scheduler stages, orphan-dropped while it ran). Driven on the caller's thread
+    with a simulated clock; then events finished remotely but never claimed do expire."""
+    from sglang_mmtrace import collector as collector_mod
+
+    clock = [1000.0]
+    monkeypatch.setattr(collector_mod.time, "perf_counter", lambda: clock[0])
+    sink = ListSink()
+    col = Collector(Config(grace_s=5.0), [sink], "0.5.23")
+    early = [("r1", "scheduler.recv", 100.012, 100.013, "host", {}), ("r1", "scheduler.queue", 100.013, 100.02, "host", {})]
+    col._on_message(("ev", "scheduler", 7, early))
+    col._on_message(("ev", "scheduler", 7, [("gone", "scheduler.recv", 100.0, 100.1, "host", {})]))
+    for _ in range(600):  # ten minutes of collector loop turns, one a second
+        clock[0] += 1.0
+        col._flush_ready(clock[0])
+    assert "r1" in col._remote and "gone" in col._remote  # nothing finished remotely yet: kept
+    col._on_message(("ev", "scheduler", 7, [(("r1",), "scheduler.output", 700.0, 700.001, "host", {})]))
+    col._on_message(("ev", "scheduler", 7, [(("gone",), "scheduler.output", 700.0, 700.001, "host", {})]))
+    col._on_message(("api", "api", 11, ([to_wire(_trace("r1", True))], None)))
+    clock[0] += 0.1
+    col._flush_ready(clock[0])
+    (rec,) = sink.records
+    assert {"scheduler.recv", "scheduler.queue", "scheduler.output"} <= {s["name"] for s in rec["stages"]}
+    clock[0] += collector_mod.ORPHAN_TTL_S + 1
+    col._flush_ready(clock[0])
+    assert "gone" not in col._remote and not col._remote_seen  # never claimed: dropped after the TTL

@@ -50,8 +50,9 @@ class MmtraceMiddleware:
         token = current_http.set(ctx)
 
         async def traced_send(message: dict) -> None:
+            t = now()  # handed on: the server stack writes it to the transport without waiting
             await send(message)
-            guarded(COMPONENT, _on_send, ctx, message)
+            guarded(COMPONENT, _on_send, ctx, message, t)
 
         async def traced_receive() -> dict:
             message = await receive()
@@ -81,13 +82,15 @@ def _open(scope: dict) -> HttpCtx:
     return ctx
 
 
-def _on_send(ctx: HttpCtx, message: dict) -> None:
-    """Called right after ``send`` returned: the bytes have been handed to the socket.
+def _on_send(ctx: HttpCtx, message: dict, t: float) -> None:
+    """Called once ``send`` returned, with the time the message was handed to it: uvicorn writes it
+    to the transport before its first await, so that is when the bytes left. The time ``send``
+    returned would also count the event loop's delay in resuming this coroutine, which under load
+    made the server's TTFT exceed the client's.
 
     After the last body byte the exchange is complete: its traces go to the collector at once."""
     mtype = message.get("type")
     if mtype == "http.response.body":
-        t = now()
         if ctx.t_first_body is None and message.get("body"):
             ctx.t_first_body = t
         if not message.get("more_body", False):
