@@ -42,8 +42,8 @@ SGLANG_MMTRACE_TEST_RAISE = "SGLANG_MMTRACE_TEST_RAISE"
 """Test only: comma-separated hook components (or ``all``) whose plugin code raises, to prove containment."""
 
 SGLANG_MMTRACE_TEST_STALL = "SGLANG_MMTRACE_TEST_STALL"
-"""Test only: ``<hook component>:<seconds>``: that component's plugin code sleeps once per process, the
-first time it runs (a slow first forward, as a cold GPU's JIT compilation makes it)."""
+"""Test only: ``<hook component>:<seconds>``: that component's plugin code sleeps that long each time it
+runs (a forward as slow as a cold GPU's first one, which waits for JIT compilation)."""
 
 
 # (name, default, meaning) of every user-facing variable: the README's table is generated from this.

@@ -39,7 +39,7 @@ _stall: tuple[str, float] | None = None
 def maybe_inject(component: str) -> None:
     """The test-only switches, inside plugin code (hot path: one test when neither is set):
     ``SGLANG_MMTRACE_TEST_RAISE`` raises in the components it names, ``SGLANG_MMTRACE_TEST_STALL``
-    sleeps once in the one it names."""
+    sleeps in the one it names."""
     global _inject, _stall
     if _inject is None:
         cfg = config.get()
@@ -47,9 +47,7 @@ def maybe_inject(component: str) -> None:
         _inject = cfg.test_raise | ({_stall[0]} if _stall else set())
     if _inject:
         if _stall is not None and component == _stall[0]:
-            seconds, _stall = _stall[1], None
-            _inject = config.get().test_raise
-            time.sleep(seconds)
+            time.sleep(_stall[1])
             return
         if "all" in _inject or component in _inject:
             raise InjectedError(f"injected failure in {component}")

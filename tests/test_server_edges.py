@@ -3,8 +3,8 @@
 On a GPU the first request after start-up can wait minutes for Triton's JIT compilation. Its first
 scheduler events ride an outbox heartbeat to the collector long before its last ones; they must
 still join its record. Here the server runs with ``SGLANG_MMTRACE_TEST_STALL`` naming the vision
-encoder hook, so the first image request's forward stalls for ``STALL_S`` seconds (SGLang's own
-start-up warm-up and health checks are text requests and do not trigger it). The collector's
+encoder hook, so every image request's forward stalls for ``STALL_S`` seconds (SGLang's own
+start-up warm-up and health checks are text requests; the harness's warm-up image stalls too). The collector's
 orphan rule itself is pinned over ten simulated minutes in ``test_unit_collector_process``.
 """
 
