@@ -9,7 +9,8 @@ PYTHONPATH and ``MMTRACE_PROBE_DIR`` set (see ``probe/sitecustomize.py``). Per b
 client sends ``--rounds`` rounds of new image / same image / text, one request at a time with a
 ``--gap-ms`` idle gap. Around each block the probe files are read (after 1.5 s, so a dump has
 happened). Writes ``OUTDIR/probe.json``: per block and process role the differences per request
-(CPU seconds, GC collections and seconds per generation, own seconds and calls per hook id) and the
+(CPU seconds, GC collections and seconds per generation, per hook id: calls, own seconds and the
+wrapped SGLang call's seconds) and the
 client TTFT medians per kind. ``--cpu``: the CPU demo server instead (a smoke test of the probe
 here, or the CPU side of the measurement).
 """
@@ -61,10 +62,14 @@ def snapshot(folder: Path, roles: dict[str, list[int]]) -> dict[str, dict[str, A
 
 def diff(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, Any]:
     own = {}
-    for hook, (calls, secs) in b["own"].items():
-        c0, s0 = a["own"].get(hook, (0, 0.0))
+    for hook, (calls, secs, inner) in b["own"].items():
+        c0, s0, i0 = a["own"].get(hook, (0, 0.0, 0.0))
         if calls - c0:
-            own[hook] = {"calls_per_req": round((calls - c0) / n, 2), "own_us_per_req": round((secs - s0) / n * 1e6, 2)}
+            own[hook] = {
+                "calls_per_req": round((calls - c0) / n, 2),
+                "own_us_per_req": round((secs - s0) / n * 1e6, 2),
+                "sglang_us_per_req": round((inner - i0) / n * 1e6, 1),
+            }
     gc = {}
     for gen, (cnt, secs) in b["gc"].items():
         c0, s0 = a["gc"].get(gen, (0, 0.0))

@@ -5,7 +5,8 @@ In every Python process that has ``MMTRACE_PROBE_DIR`` set, it:
 
 - wraps each hook wrapper the plugin applies (``sglang_mmtrace.plugin.apply``) with a timer of the
   wrapper's *own* time: its whole duration minus the wrapped SGLang call's (for coroutine hooks, the
-  same around the await). Per hook id: calls, own seconds;
+  same around the await). Per hook id: calls, own seconds, and the wrapped SGLang call's seconds
+  (in both arms: SGLang's own code taking longer with the plugin on is a cost no hook timer sees);
 - times the garbage collector (``gc.callbacks``): collections and seconds per generation;
 - writes those, with the process's CPU times and thread count, to ``MMTRACE_PROBE_DIR/<pid>.json``
   every second from a daemon thread (the probe's own cost, not the plugin's).
@@ -45,7 +46,7 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
         gc.callbacks.append(_on_gc)
 
         def _timed(hook_id: str, kind: str, wrapper):
-            slot = _own.setdefault(hook_id, [0, 0.0])
+            slot = _own.setdefault(hook_id, [0, 0.0, 0.0])
             if kind == "async":
 
                 async def timed_async(wrapped, instance, args, kwargs):
@@ -64,6 +65,7 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
                     finally:
                         slot[0] += 1
                         slot[1] += _now() - t0 - inner[0]
+                        slot[2] += inner[0]
 
                 return timed_async
             if kind != "sync":
@@ -85,6 +87,7 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
                 finally:
                     slot[0] += 1
                     slot[1] += _now() - t0 - inner[0]
+                    slot[2] += inner[0]
 
             return timed_sync
 
