@@ -100,8 +100,8 @@ def run_rate(base_url: str, clock: LineClock, rate: float, seconds: float, tag: 
             if rec is not None and rec.get("coverage") is not None:
                 coverage.append(rec["coverage"])
 
-    def q(values: list[float], p: float) -> float | None:
-        return round(quantile(values, p), 1) if values else None
+    def q(values: list[float], p: float, digits: int = 1) -> float | None:
+        return round(quantile(values, p), digits) if values else None
 
     return {
         "rate_rps": rate,
@@ -111,7 +111,7 @@ def run_rate(base_url: str, clock: LineClock, rate: float, seconds: float, tag: 
         "with_record": len(delays),
         "achieved_rps": round(len(ended) / max(1e-9, time.monotonic() - t0), 2),
         "delay_ms": {"p50": q(delays, 0.5), "p90": q(delays, 0.9), "p99": q(delays, 0.99), "max": q(delays, 1.0)},
-        "coverage": {"p1": q(coverage, 0.01), "p50": q(coverage, 0.5)} if coverage else None,
+        "coverage": {"p1": q(coverage, 0.01, 4), "p50": q(coverage, 0.5, 4)} if coverage else None,
     }
 
 

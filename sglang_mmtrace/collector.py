@@ -45,6 +45,9 @@ ORPHAN_MAX = 100_000
 """Rids with pending events, finished or not: beyond this the oldest are dropped (a memory bound)."""
 DONE_MEMORY = 4096
 LAST_REMOTE_STAGES = ("scheduler.output", "detokenize")
+MAX_WAIT_S = 60.0
+"""A finished request's record waits for its last remote stages, or until the collector has read
+every live peer's messages sent after the request ended, and never longer than this."""
 SETTINGS_MEMORY = 64
 """Switch settings remembered by generation (a request is exported under the one it ran in)."""
 FLIP_TIMEOUT_S = 5.0
@@ -87,6 +90,7 @@ class Collector:
         self._remote_seen: dict[str, float] = {}
         self._done: dict[str, None] = {}
         self._peers: dict[str, dict[str, Any]] = {}
+        self._watermarks: dict[str, tuple[float, float]] = {}  # peer -> (latest send time, when read here)
         self._api: dict[str, Any] = {}  # the API process's last health report
         self.api_pid: int | None = None
         self._records = 0
@@ -224,7 +228,10 @@ class Collector:
         return None
 
     def _on_message(self, msg: tuple[Any, ...]) -> None:
-        kind, process, pid, body = msg
+        kind, process, pid, body = msg[:4]
+        if kind in ("hb", "ev") and len(msg) > 4:
+            peer = f"{process}:{pid}"
+            self._watermarks[peer] = (max(msg[4], self._watermarks.get(peer, (msg[4], 0.0))[0]), time.perf_counter())
         if kind == "hb":
             self._peers[f"{process}:{pid}"] = body
             return
@@ -250,7 +257,8 @@ class Collector:
                 self._forget(trace.rid)
                 self._discarded += trace.discard
                 continue
-            wait = self.cfg.grace_s if trace.dispatched else 0.0
+            # ended: waits until complete or caught up (``_caught_up``), this long at most
+            wait = (MAX_WAIT_S if _ended(trace) is not None else self.cfg.grace_s) if trace.dispatched else 0.0
             self._waiting.append((time.perf_counter() + wait, trace))
 
     def _flush_ready(self, t: float) -> None:
@@ -258,7 +266,7 @@ class Collector:
         for deadline, trace in self._waiting:
             remote = self._remote.get(trace.rid, ())
             complete = not trace.dispatched or all(any(e.name == n for e in remote) for n in self._last_stages())
-            if complete or t >= deadline:
+            if complete or self._caught_up(_ended(trace), t) or t >= deadline:
                 self._emit(trace)
             else:
                 keep.append((deadline, trace))
@@ -267,6 +275,17 @@ class Collector:
             self._remote_seen and t - next(iter(self._remote_seen.values())) > ORPHAN_TTL_S
         ):
             self._drop_orphans(t)
+
+    def _caught_up(self, t_end: float | None, t: float) -> bool:
+        """Every peer's messages sent after the request ended (``t_end``) have been read here, so no
+        event of it can still be on its way (each peer sends what it queued before a message's send
+        time in that message). A peer silent for the grace period is not waited for (gone, or idle
+        with the switch off). Under load the collector may read its socket seconds late: then a
+        record waits for it to catch up rather than going out without its other processes' stages."""
+        if t_end is None or not self._watermarks:
+            return False
+        silent_after = self.cfg.grace_s
+        return all(wm >= t_end or t - seen > silent_after for wm, seen in self._watermarks.values())
 
     def _drop_orphans(self, t: float) -> None:
         """Events whose request the API process never finished: finished remotely more than
@@ -459,6 +478,12 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
         "coverage": round(cov, 6),
         **({"content": trace.content} if trace.content is not None else {}),
     }
+
+
+def _ended(trace: ApiTrace) -> float | None:
+    """When the API process was done with the request (its last body byte), on the shared clock."""
+    http = trace.http
+    return http.t_last_body if http is not None and http.t_last_body is not None else trace.t_finished
 
 
 def _first(events: list[StageEvent], name: str) -> StageEvent | None:

@@ -8,6 +8,10 @@ the text on, so it does not send there: its events go at the start of the detoke
 (``flush_pending``; the next decode step, milliseconds later), or with the next heartbeat when no
 batch follows. When the collector is slow or gone, messages are dropped and counted, never waited for.
 
+Every message carries its send time (``perf_counter``, one clock for every process of the machine):
+the collector's watermark of this process, which tells it when no event for a finished request can
+still be on its way from here (``collector.Collector._caught_up``).
+
 A daemon thread applies the runtime switch's flips, which the collector publishes on its control
 socket, and confirms each at once with a heartbeat. While the switch is on it also wakes every
 ``HEARTBEAT_INTERVAL_S`` to send the process's health and any straggling events; while it is off it
@@ -20,6 +24,7 @@ import collections
 import os
 import pickle
 import threading
+import time
 from typing import Any
 
 from . import switch, telemetry
@@ -73,13 +78,14 @@ class Outbox:
 
     def flush(self, heartbeat: bool = False) -> None:
         """Send the queued events (and the health, if asked) now, on the calling thread; never blocks."""
+        t_sent = time.perf_counter()  # before emptying the queue: every event emitted earlier goes now
         batch: list[Event] = []
         q = self._q
         while q:
             batch.append(q.popleft())
-        msgs = [("ev", self.process, self._pid, batch)] if batch else []
+        msgs = [("ev", self.process, self._pid, batch, t_sent)] if batch else []
         if heartbeat:
-            msgs.append(("hb", self.process, self._pid, self.health()))
+            msgs.append(("hb", self.process, self._pid, self.health(), t_sent))
         if not msgs:
             return
         import zmq

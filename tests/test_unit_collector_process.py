@@ -208,3 +208,46 @@ def test_a_long_forward_keeps_its_early_events(monkeypatch: pytest.MonkeyPatch) 
     clock[0] += collector_mod.ORPHAN_TTL_S + 1
     col._flush_ready(clock[0])
     assert "gone" not in col._remote and not col._remote_seen  # never claimed: dropped after the TTL
+
+
+def test_a_lagging_collector_waits_for_its_peers_not_for_a_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under load the collector reads its socket seconds late, and may read a request's API side
+    before the scheduler message sent earlier (issue: at 50 requests/s some records went out after
+    the grace period with no scheduler stage). A record waits until every live peer's messages sent
+    after the request ended were read (their watermarks), however late; a silent peer is not waited
+    for beyond the grace period."""
+    from sglang_mmtrace import collector as collector_mod
+
+    clock = [1000.0]
+    monkeypatch.setattr(collector_mod.time, "perf_counter", lambda: clock[0])
+    sink = ListSink()
+    col = Collector(Config(grace_s=2.0), [sink], "0.5.23")
+    col._on_message(("hb", "scheduler", 7, {}, 50.0))
+    col._on_message(("hb", "detokenizer", 8, {}, 50.0))
+    trace = _trace("r1", True)  # its last body byte: 100.06 on the shared clock
+    col._on_message(("api", "api", 11, ([to_wire(trace)], None)))
+    for step in range(10):  # ten seconds behind: the peers' older messages trickle in
+        clock[0] += 1.0
+        col._on_message(("hb", "scheduler", 7, {}, 60.0 + step))
+        col._on_message(("hb", "detokenizer", 8, {}, 60.0 + step))
+        col._flush_ready(clock[0])
+    assert sink.records == []  # far past the grace period, but the peers have not caught up
+    events = [("r1", "scheduler.recv", 100.012, 100.013, "host", {}), (("r1",), "scheduler.output", 100.04, 100.045, "host", {})]
+    col._on_message(("ev", "scheduler", 7, events, 100.045))
+    col._on_message(("hb", "scheduler", 7, {}, 100.5))
+    col._flush_ready(clock[0])
+    assert sink.records == []  # the detokenizer's messages up to the request's end are still unread
+    col._on_message(("hb", "detokenizer", 8, {}, 100.3))
+    col._flush_ready(clock[0])
+    (rec,) = sink.records  # caught up: no ``detokenize`` can still come
+    assert {"scheduler.recv", "scheduler.output"} <= {s["name"] for s in rec["stages"]}
+    # a peer that falls silent is not waited for beyond the grace period
+    late = _trace("r2", True)
+    late.http.t_last_body = 102.0  # ended after every message read so far
+    col._on_message(("api", "api", 11, ([to_wire(late)], None)))
+    col._flush_ready(clock[0])
+    assert len(sink.records) == 1
+    clock[0] += 2.5
+    col._on_message(("hb", "scheduler", 7, {}, 102.5))  # the scheduler is alive; the detokenizer is gone
+    col._flush_ready(clock[0])
+    assert [r["rid"] for r in sink.records] == ["r1", "r2"]
