@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from record_checks import repeated_stage_problems
 
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.harness import CpuServer
@@ -83,7 +84,8 @@ def read_records(path: Path | None) -> list[dict[str, Any]]:
 def records(server: CpuServer, rids: Iterable[str], timeout: float = 30.0) -> dict[str, dict[str, Any]]:
     """Poll the server's JSONL until every rid has a record; returns rid -> record.
 
-    A rid with more than one record is a failure (one record per request is the contract).
+    A rid with more than one record, or a record with a stage more than once (per-image stages
+    aside), is a failure: one record per request and one interval per stage are the contract.
     """
     wanted = list(dict.fromkeys(rids))
     deadline = time.monotonic() + timeout
@@ -96,6 +98,8 @@ def records(server: CpuServer, rids: Iterable[str], timeout: float = 30.0) -> di
         if not missing:
             dupes = {rid: len(v) for rid, v in found.items() if len(v) > 1}
             assert not dupes, f"more than one record per rid: {dupes}" + server_context(server)
+            repeated = {rid: p for rid in wanted if (p := repeated_stage_problems(found[rid][0]))}
+            assert not repeated, f"a stage more than once per request: {repeated}" + server_context(server)
             return {rid: found[rid][0] for rid in wanted}
         if time.monotonic() > deadline:
             raise AssertionError(

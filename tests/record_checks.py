@@ -200,6 +200,19 @@ def stage_set_problems(
     return problems
 
 
+def repeated_stage_problems(record: dict[str, Any]) -> list[str]:
+    """A stage appears once per request; only the catalogue's per-image stages may repeat (once per
+    image). Two intervals of one stage would make Prometheus count the request twice."""
+    seen: dict[str, int] = {}
+    for s in record["stages"]:
+        seen[s["name"]] = seen.get(s["name"], 0) + 1
+    return [
+        f"{name} appears {n} times"
+        for name, n in seen.items()
+        if n > 1 and not (name in STAGES and STAGES[name].per_image)
+    ]
+
+
 def catalogue_problems(record: dict[str, Any], device_clock: str = "host") -> list[str]:
     """Each stage's ``process`` is its catalogue process; clocks are host clocks on this CPU server."""
     problems = []

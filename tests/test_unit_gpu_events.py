@@ -310,6 +310,44 @@ def run_request(
     return resize
 
 
+def test_mm_expand_is_one_stage_per_request_with_the_proc_part_as_an_attribute(cuda: FakeCuda) -> None:
+    """0.5.17 expands in two parts (offsets + split on PROC, padded ids + M-RoPE on EL, the cuda_ipc
+    copies between them): one ``mm.expand`` per request, so metrics count each request once."""
+    trace = ApiTrace("r1", None, "m", 0.0)
+    tail_start: list[float] = []
+
+    def during(req: mpl._MmReq) -> None:
+        assert req.split is not None and stages(trace, "mm.expand") == []  # filed at the request's end
+        req.t_combined = base.now()  # process_and_combine_mm_data_async returned on the EL
+        tail_start.append(req.t_combined)
+        cuda.completed = True
+
+    run_request(trace, cuda, during, gpu_ms=1.0)
+    (st,) = stages(trace, "mm.expand")
+    assert st.attrs["images"] == 1 and st.attrs["visual_tokens"] == 4
+    assert st.t0 == tail_start[0] and st.t1 > st.t0  # the EL tail is the interval
+    assert st.attrs["split_s"] >= 0 and "part" not in st.attrs
+
+
+def test_a_zero_byte_handoff_after_the_cuda_ipc_copies_is_not_a_second_transport_stage() -> None:
+    """0.5.17 with cuda_ipc: ``wrap_shm_features`` still runs in dispatch but moves nothing."""
+    from sglang_mmtrace.context import LIVE
+    from sglang_mmtrace.hooks import transport
+
+    trace = ApiTrace("r1", None, "m", 0.0)
+    trace.add("transport.prepare", 1.0, 1.2, {"mode": "cuda_ipc", "bytes": 4096, "tensors": 1})
+    trace.transport_mode, trace.transport_bytes = "cuda_ipc", 4096
+    obj = SimpleNamespace(rid="r1", mm_inputs={"mm_items": [SimpleNamespace(feature=IpcProxy())]})
+    LIVE["r1"] = trace
+    try:
+        out = transport.HOOKS["transport.wrap_shm_features"].make("sync")(lambda o: o, None, (obj,), {})
+    finally:
+        LIVE.pop("r1", None)
+    assert out is obj
+    (st,) = stages(trace, "transport.prepare")
+    assert st.attrs["bytes"] == 4096 and trace.transport_bytes == 4096 and trace.transport_mode == "cuda_ipc"
+
+
 def test_resize_is_deferred_to_the_request_end_and_timed_by_cuda_events(cuda: FakeCuda) -> None:
     """GPU 250 ms vs host 10 ms: the stage lasts the events' 250 ms; nothing is read before the end."""
     trace = ApiTrace("r1", None, "m", 0.0)

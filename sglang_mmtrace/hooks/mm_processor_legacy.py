@@ -16,9 +16,10 @@ share by reference; per-call state on a worker thread lives in a thread-local.
 
 Stages: ``mm.load`` (base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of
 ``_load_single_item``), ``mm.resize_normalize`` (``process_mm_data``; CUDA events when the fast
-processor runs on the GPU, read once they have completed, never waited for), ``mm.expand`` (two
-parts: offsets/split on PROC, padded ids/M-RoPE on EL) and ``transport.prepare`` (``cuda_ipc``:
-the pool slice copies). The TM computes no content hash on 0.5.17 (the scheduler hashes pixels),
+processor runs on the GPU, read once they have completed, never waited for), ``mm.expand`` (once
+per request: the padded ids and M-RoPE positions on EL; the offsets and per-image split before it
+on PROC are its ``split_s`` attribute, their time inside ``mm.process``, because the ``cuda_ipc``
+copies come between the two parts) and ``transport.prepare`` (``cuda_ipc``: the pool slice copies). The TM computes no content hash on 0.5.17 (the scheduler hashes pixels),
 so ``images[].content_hash`` is empty.
 """
 
@@ -38,12 +39,13 @@ _tls = threading.local()
 class _MmReq:
     """One ``process_mm_data_async`` call (one request's images)."""
 
-    __slots__ = ("trace", "loaded", "t_combined", "gpu_pending", "lock")
+    __slots__ = ("trace", "loaded", "t_combined", "split", "gpu_pending", "lock")
 
     def __init__(self, trace: ApiTrace) -> None:
         self.trace = trace
         self.loaded: dict[int, tuple[int, int, int]] = {}  # id(loaded image) -> (bytes, width, height)
         self.t_combined: float | None = None  # process_and_combine_mm_data_async returned on the EL
+        self.split: tuple[float, float, dict[str, Any]] | None = None  # the PROC part of mm.expand
         self.gpu_pending: list[tuple[str, float, float, Any, Any, dict[str, Any]]] = []
         self.lock = threading.Lock()
 
@@ -111,8 +113,15 @@ def _request_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     req, token = st
     current_mm.reset(token)
     _resolve_gpu(req)
-    if exc is None and req.t_combined is not None and req.t_combined <= t1:
-        req.trace.add("mm.expand", req.t_combined, t1, {"part": "padded_ids+mrope"})
+    tail = exc is None and req.t_combined is not None and req.t_combined <= t1
+    if req.split is not None:
+        s0, s1, attrs = req.split
+        if tail:  # one mm.expand per request: the EL tail, the PROC part as an attribute
+            req.trace.add("mm.expand", req.t_combined, t1, {**attrs, "split_s": round(s1 - s0, 9)})
+        else:
+            req.trace.add("mm.expand", s0, s1, attrs)
+    elif tail:
+        req.trace.add("mm.expand", req.t_combined, t1)
 
 
 def _resolve_gpu(req: _MmReq) -> None:
@@ -225,15 +234,14 @@ def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         return
     expand_end = c.ipc[0][0] if c.ipc else t1
     visual = [sum(e - s + 1 for s, e in (getattr(it, "offsets", None) or ())) for it in items]
-    trace.add(
-        "mm.expand",
-        c.t_resize_end,
-        max(c.t_resize_end, expand_end),
-        {"part": "offsets+split", "images": len(items), "visual_tokens": sum(visual)},
-    )
+    split = (c.t_resize_end, max(c.t_resize_end, expand_end), {"images": len(items), "visual_tokens": sum(visual)})
+    req = current_mm.get()
+    if req is not None:
+        req.split = split  # joined with the EL tail into one mm.expand when the request scope ends
+    else:
+        trace.add("mm.expand", *split)
     base_output = arg(args, kwargs, 0, "base_output")
     loaded = list(getattr(base_output, "images", None) or ())
-    req = current_mm.get()
     images = []
     for i, tokens in enumerate(visual):
         img = loaded[i] if i < len(loaded) else None
