@@ -542,8 +542,8 @@ def _sinks(cfg: Config) -> list[Sink]:
             from .sinks.otlp import OtlpSink
 
             sinks.append(OtlpSink(cfg.otlp_endpoint, cfg.otlp_protocol, cfg.sample))
-        except Exception as exc:  # e.g. the opentelemetry packages are not installed
-            telemetry.warn("OTLP export disabled: %r (pip install 'sglang-mmtrace[otlp]')", exc)
+        except Exception as exc:  # a broken install of the opentelemetry packages (they are dependencies)
+            telemetry.warn("OTLP export disabled: %r", exc)
     if cfg.jsonl_path:
         from .sinks.jsonl import JsonlSink
 

@@ -100,7 +100,16 @@ def test_gpu_image_is_the_official_sglang_image():
     cpu_text = dockerfiles()["sglang-cpu"][0].read_text()
     assert '"sglang==0.5.23"' in cpu_text
     for path in (dockerfile, dockerfiles()["sglang-cpu"][0]):
-        assert '".[otlp]"' in path.read_text(), f"{path.name} must install this package with the span exporter"
+        assert 'pip install --no-cache-dir "."' in path.read_text(), f"{path.name} must install this package"
+
+
+def test_the_span_exporter_is_an_ordinary_dependency():
+    """Setting SGLANG_MMTRACE_OTLP_ENDPOINT after ``pip install sglang-mmtrace`` must be enough."""
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~ ]", d, maxsplit=1)[0] for d in deps}
+    assert {"opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http", "opentelemetry-exporter-otlp-proto-grpc"} <= names
 
 
 def test_every_mounted_and_copied_file_exists():
