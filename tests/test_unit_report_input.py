@@ -88,7 +88,8 @@ def test_json_array_is_not_a_records_file(tmp_path: Path, capsys: pytest.Capture
     path.write_text(json.dumps([_record("a"), _record("b")]) + "\n")
     rc, out, err = _report(capsys, path)
     assert rc == 1 and not out
-    assert _one_line(err).endswith(f"{path}: no valid records; 1 line skipped (line 1: a JSON array, not a record object)")
+    why = "a JSON array, not a record object"
+    assert _one_line(err).endswith(f"{path}: no valid records; 1 line skipped (line 1: {why})")
 
 
 @pytest.mark.parametrize(
