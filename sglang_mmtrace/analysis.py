@@ -6,14 +6,98 @@ import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .stages import DISPLAY_ORDER, ROOT, STAGES
 
 
+class RecordsError(Exception):
+    """A records file that cannot be read at all (missing, a directory, no permission); one-line message."""
+
+
+@dataclass
+class RecordsFile:
+    """The records of a JSONL file, and the lines that were not records: ``(line number, why)``."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def _is_stage(s: Any) -> bool:
+    return (
+        isinstance(s, dict)
+        and isinstance(s.get("name"), str)
+        and _is_number(s.get("start_s"))
+        and _is_number(s.get("dur_s"))
+        and isinstance(s.get("attrs", {}), dict)
+    )
+
+
+def _not_a_record(obj: Any) -> str | None:
+    """Why a parsed line cannot be read as a record (or a bench line), or None. Beyond the ``rid``
+    checks only the types the report relies on (stages, the numbers it computes with, the objects
+    it looks into), so that a stray line is skipped rather than breaking the whole report."""
+    if not isinstance(obj, dict):
+        return f"a JSON {_JSON_TYPES[type(obj)]}, not a record object"
+    if "rid" not in obj:  # every record has one, and so has every bench line (null when the request failed)
+        return "no 'rid': not a record"
+    stages = obj.get("stages", [])
+    if not isinstance(stages, list) or not all(map(_is_stage, stages)):
+        return "'stages' is not a list of {name, start_s, dur_s, attrs}"
+    for key in ("ttft_s", "coverage", "arrival_unix_s"):
+        if obj.get(key) is not None and not _is_number(obj[key]):
+            return f"'{key}' is not a number"
+    for key in ("cache", "bench"):
+        if obj.get(key) is not None and not isinstance(obj[key], dict):
+            return f"'{key}' is not an object"
+    if obj.get("status") == "ok" and obj.get("ttft_s") and obj.get("coverage") is None:
+        return "an ok record without 'coverage'"
+    return None
+
+
+def load_records(path: str) -> RecordsFile:
+    """Every record of a JSONL file, skipping (and listing) the lines that are not one.
+
+    A file that is being appended to (``SGLANG_MMTRACE_JSONL`` of a live server) normally ends in a
+    half-written line: it is skipped like any other bad line, so one bad line never costs the rest.
+    Invalid UTF-8 is replaced, so a binary file yields bad lines, not an exception. Raises
+    :class:`RecordsError` only when the file cannot be read.
+    """
+    out = RecordsFile()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError as exc:
+                    last = not line.endswith("\n")
+                    out.skipped.append((lineno, "incomplete last line" if last else f"not JSON ({exc.msg})"))
+                    continue
+                problem = _not_a_record(obj)
+                if problem:
+                    out.skipped.append((lineno, problem))
+                else:
+                    out.records.append(obj)
+    except IsADirectoryError:
+        raise RecordsError(f"{path}: is a directory, not a records file") from None
+    except OSError as exc:
+        raise RecordsError(f"{path}: {exc.strerror or exc}") from None
+    return out
+
+
 def read_jsonl(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """The records of a JSONL file, bad lines skipped silently (:func:`load_records` lists them)."""
+    return load_records(path).records
 
 
 def request_kind(rec: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from conftest import records, server_context, start_server
-from peers.prometheus import INSTALL_HINT, PrometheusServer, free_port, missing_tools
+from peers.prometheus import PrometheusServer, free_port, require_tools
 
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
 from sglang_mmtrace.sinks.prometheus import PREFIX
@@ -84,9 +84,7 @@ def wait_series(prom: PrometheusServer, promql: str, timeout: float) -> list[dic
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory):
-    missing = missing_tools()
-    if missing:
-        pytest.fail(f"{' and '.join(missing)} not on PATH; install with: {INSTALL_HINT}")
+    require_tools()
     env = {
         "SGLANG_MMTRACE_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",  # nothing listens there
         "SGLANG_MMTRACE_OTLP_PROTOCOL": "http/protobuf",

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from conftest import read_records, records, server_context, start_server, state
 from peers.otlp_receiver import OtlpReceiver, Span
-from peers.prometheus import INSTALL_HINT, PrometheusServer, missing_tools, promtool_check_metrics
+from peers.prometheus import PrometheusServer, promtool_check_metrics, require_tools
 from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image
@@ -406,16 +406,9 @@ def test_otlp_traceparent_is_continued(otlp_exchanges, http_receiver, server_a):
 # -- Prometheus ---------------------------------------------------------------------------------
 
 
-def test_prometheus_installed():
-    missing = missing_tools()
-    assert not missing, f"{' and '.join(missing)} not on PATH; install with: {INSTALL_HINT}"
-
-
 @pytest.fixture(scope="module")
 def prometheus(server_a, tmp_path_factory):
-    missing = missing_tools()
-    if missing:
-        pytest.fail(f"{' and '.join(missing)} not on PATH; install with: {INSTALL_HINT}")
+    require_tools()
     prom = PrometheusServer(f"127.0.0.1:{server_a.port}", tmp_path_factory.mktemp("prometheus"))
     prom.start()
     try:

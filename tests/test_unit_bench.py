@@ -1,7 +1,9 @@
 """Pure parts of ``sglang-mmtrace bench`` that need no server: launch strings, the statistics, reading a
 records file that is being appended to (a real file with a half-written last line), the plans of the
 overhead experiments (strict on/off alternation, the ablation's levels), their analyses on synthetic
-samples with known effects, the throughput segments, the client's TTFT event, and /proc lookups."""
+samples with known effects, the throughput segments, the client's TTFT event, /proc lookups, and the
+CLI's bad input (a dead ``--url``: nothing listens on the port, so no server is started; a bad URL; an
+``--out`` that cannot be written): one line on stderr and a non-zero exit, never a traceback."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from sglang_mmtrace.bench.stats import (
 )
 from sglang_mmtrace.bench.switchctl import PARTS, body_for, levels
 from sglang_mmtrace.bench.targets import parse_launch
+from sglang_mmtrace.cli import bench as bench_cli
 from sglang_mmtrace.cli.bench import parse_size
 
 
@@ -468,3 +471,66 @@ def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatc
     assert res["ab"]["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 12, "off_with_record": 0}
     assert res["aa"]["records"]["on_with_record"] == 0
     assert len(out.lines) == 4 * 2 * 3 * 2
+
+
+def _dead_url() -> str:
+    """A local port with nothing listening (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _bench(capsys: Any, *args: str) -> tuple[int, str, str]:
+    from sglang_mmtrace.cli.main import main
+
+    rc = main(["bench", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_bench_against_a_dead_server_exits_1_with_one_reason(tmp_path: Path, capsys: Any) -> None:
+    """Every request fails: the table and --out still show the errors, the exit status says it failed."""
+    url, out_file = _dead_url(), tmp_path / "new" / "bench.jsonl"
+    args = ("--url", url, "--experiment", "new-vs-repeat", "--n", "1", "--warmup", "0", "--out", str(out_file))
+    rc, out, err = _bench(capsys, *args)
+    assert rc == 1
+    assert "ConnectionRefusedError" in out  # the table's error column
+    assert [json.loads(line)["bench"]["ok"] for line in out_file.read_text().splitlines()] == [False, False]
+    last = err.strip().splitlines()[-1]
+    assert last == (
+        "sglang-mmtrace bench: all 2 requests failed (2 with ConnectionRefusedError: [Errno 111] Connection refused); "
+        f"is a server answering at {url}?"
+    )
+
+
+def test_bench_switch_experiment_against_a_dead_server_is_one_line(capsys: Any) -> None:
+    url = _dead_url()
+    rc, out, err = _bench(capsys, "--url", url, "--experiment", "overhead", "--n", "1", "--warmup", "0")
+    assert rc == 1 and not out
+    assert err.strip() == f"sglang-mmtrace bench: {url}: ConnectionRefusedError: [Errno 111] Connection refused"
+
+
+def test_bench_url_without_scheme_is_a_usage_error(capsys: Any) -> None:
+    rc, out, err = _bench(capsys, "--url", "127.0.0.1:30000", "--experiment", "order")
+    assert rc == 2 and not out
+    assert err.strip() == "sglang-mmtrace bench: --url: expected an http:// base URL, got '127.0.0.1:30000'"
+
+
+def test_bench_out_where_a_file_blocks_the_folder(tmp_path: Path, capsys: Any) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    rc, _, err = _bench(capsys, "--url", _dead_url(), "--experiment", "order", "--n", "1", "--questions", "1",
+                        "--warmup", "0", "--out", str(blocker / "bench.jsonl"))  # fmt: skip
+    assert rc == 1
+    assert err.strip().splitlines()[-1] == f"sglang-mmtrace bench: cannot create folder {blocker}: File exists"
+
+
+def test_all_failed_only_when_every_measured_request_failed() -> None:
+    def line(ok: bool, error: str | None = None) -> dict[str, Any]:
+        return {"rid": None, "bench": {"ok": ok, "error": error}}
+
+    assert bench_cli.all_failed([]) is None  # nothing measured (e.g. transport skipped on a CPU): not a failure
+    assert bench_cli.all_failed([line(True), line(False, "E: x")]) is None
+    assert bench_cli.all_failed([line(False, "A: a"), line(False, "B: b"), line(False, "A: a")]) == (
+        "all 3 requests failed (2 with A: a)"
+    )

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from peers.prometheus import INSTALL_HINT, missing_tools
+from peers.prometheus import require_tools
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
@@ -193,8 +193,7 @@ def test_grafana_provisioning_points_at_the_services_and_the_dashboards():
 
 @pytest.mark.parametrize("what", ["config", "rules"])
 def test_promtool_checks_the_shipped_prometheus_files(what: str):
-    missing = missing_tools()
-    assert not missing, f"{' and '.join(missing)} not on PATH; install with: {INSTALL_HINT}"
+    require_tools()
     paths = (
         [DOCKER / "prometheus" / "prometheus.yml"]
         if what == "config"

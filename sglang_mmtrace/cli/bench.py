@@ -3,6 +3,12 @@
 Each output line is the plugin's record of one measured request plus a ``bench`` key
 (experiment, variant, client TTFT/e2e, ok, error, usage tokens, ...); requests without a record
 (failed, plugin off, no ``--records``) still get a line.
+
+A run whose every measured request failed (nothing listening at ``--url``, a server that rejects
+every request) measured nothing: the table and ``--out`` are still written, to show the errors, and
+the exit status is 1 with a one-line reason on stderr. A server that cannot be reached at all by the
+switch experiments (``overhead``, ``ablation``, ``throughput``), a server without the plugin's switch,
+and an ``--out`` that cannot be written also end in one line and exit 1, not a traceback.
 """
 
 from __future__ import annotations
@@ -13,10 +19,14 @@ import json
 import secrets
 import shlex
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from ..bench import ALL
+from ..bench.client import host_port
 from ..bench.experiments import CONCURRENCY_DEFAULT, THROUGHPUT_CLIENTS, Options
+from ..bench.switchctl import SwitchError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,6 +103,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summaries as JSON instead of the table")
 
 
+def _error(message: str, status: int = 1) -> int:
+    print(f"sglang-mmtrace bench: {message}", file=sys.stderr)
+    return status
+
+
+def all_failed(lines: list[dict[str, Any]]) -> str | None:
+    """The one-line reason when there were measured requests and every one of them failed, else None."""
+    errors = Counter(str(ln["bench"]["error"]).replace("\n", " ") for ln in lines if not ln["bench"]["ok"])
+    if not lines or sum(errors.values()) < len(lines):
+        return None
+    error, n = errors.most_common(1)[0]
+    return f"all {len(lines)} requests failed ({n} with {error})"
+
+
 def parse_size(text: str) -> tuple[int, int]:
     w, _, h = text.lower().partition("x")
     return int(w), int(h or w)
@@ -104,8 +128,12 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.targets import configs_from, gpu_available
 
     if args.url and args.launch:
-        print("bench: give --url or --launch, not both", file=sys.stderr)
-        return 2
+        return _error("give --url or --launch, not both", 2)
+    if args.url:
+        try:
+            host_port(args.url)
+        except ValueError as exc:  # no http:// scheme, a port that is not a number
+            return _error(f"--url: {exc}", 2)
     seed = args.seed if args.seed is not None else secrets.randbits(31)
     opts = Options(
         n=args.n,
@@ -140,12 +168,21 @@ def run(args: argparse.Namespace) -> int:
         server_pid=args.server_pid,
     )
     started = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    outcome = driver.run(st)
+    try:
+        outcome = driver.run(st)
+    except SwitchError as exc:
+        return _error(str(exc).replace("\n", " "))
+    except OSError as exc:  # e.g. nothing listening where the switch experiments flip the switch
+        return _error(f"{st.url or 'the launched servers'}: {type(exc).__name__}: {exc}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as fh:
-            for line in outcome.lines:
-                fh.write(json.dumps(line) + "\n")
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.out, "w", encoding="utf-8") as fh:
+                for line in outcome.lines:
+                    fh.write(json.dumps(line) + "\n")
+        except OSError as exc:  # a file where the folder should be, --out a folder, no permission
+            what = "write" if exc.filename == args.out else "create folder"
+            return _error(f"cannot {what} {exc.filename}: {exc.strerror or exc}")
     sums = summaries(outcome.lines)
     if args.json:
         print(json.dumps({"summaries": sums, "results": outcome.results, "notes": outcome.notes}, indent=2))
@@ -159,4 +196,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(sums, outcome.notes))
         if args.out:
             print(f"{len(outcome.lines)} lines -> {args.out}")
+    if reason := all_failed(outcome.lines):
+        hint = f"is a server answering at {st.url}?" if st.url else f"server logs: {st.work_dir}"
+        return _error(f"{reason}; {hint}")
     return 0

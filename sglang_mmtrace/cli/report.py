@@ -2,6 +2,13 @@
 
 Groups are the bench's ``experiment / variant`` when the records carry a ``bench`` key (the
 output of ``sglang-mmtrace bench``), else the request kind derived from the record.
+
+Bad input ends in one line on stderr and exit status 1, never a traceback: a file that cannot be
+read, a file without a single valid record, an output that cannot be written. Lines that are not
+records are skipped and counted on stderr, with their line numbers: the file may be a live server's
+``SGLANG_MMTRACE_JSONL``, whose last line is normally half-written, and one bad line should not
+cost the rest. ``--html`` and ``--chrome-trace`` create a missing parent folder, as ``bench --out``
+does (an output path names where the result should be; the folder is part of that).
 """
 
 from __future__ import annotations
@@ -9,34 +16,69 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from ..analysis import format_table, read_jsonl, report_group, summarize
+from ..analysis import RecordsError, format_table, load_records, report_group, summarize
+
+PROG = "sglang-mmtrace report"
+SHOWN_SKIPS = 3  # bad lines named on stderr; the rest are counted
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="records: the server's SGLANG_MMTRACE_JSONL or bench output")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
-    parser.add_argument("--html", metavar="OUT", help="write a self-contained HTML page (charts, waterfalls)")
     parser.add_argument(
-        "--chrome-trace", metavar="OUT", help="write a Trace Event Format file (Perfetto, chrome://tracing)"
+        "--html", metavar="OUT", help="write a self-contained HTML page (charts, waterfalls); creates OUT's folder"
+    )
+    parser.add_argument(
+        "--chrome-trace",
+        metavar="OUT",
+        help="write a Trace Event Format file (Perfetto, chrome://tracing); creates OUT's folder",
     )
 
 
+def _error(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 1
+
+
+def _describe_skipped(skipped: list[tuple[int, str]]) -> str:
+    """``N line(s) skipped (line 3: not JSON (...); line 9: incomplete last line; ...)``."""
+    named = "; ".join(f"line {n}: {why}" for n, why in skipped[:SHOWN_SKIPS])
+    more = f"; {len(skipped) - SHOWN_SKIPS} more" if len(skipped) > SHOWN_SKIPS else ""
+    return f"{len(skipped)} line{'s' if len(skipped) != 1 else ''} skipped ({named}{more})"
+
+
 def run(args: argparse.Namespace) -> int:
-    records = read_jsonl(args.file)
-    if not records:
-        print(f"no records in {args.file}", file=sys.stderr)
-        return 1
+    try:
+        loaded = load_records(args.file)
+    except RecordsError as exc:
+        return _error(str(exc))
+    if not loaded.records:
+        return _error(
+            f"{args.file}: no valid records; {_describe_skipped(loaded.skipped)}"
+            if loaded.skipped
+            else f"{args.file}: no records (empty file)"
+        )
+    if loaded.skipped:
+        print(f"{PROG}: {args.file}: {_describe_skipped(loaded.skipped)}", file=sys.stderr)
+    records = loaded.records
     summary = summarize(records, report_group)
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
-    if args.html:
-        from ..report import write_html
+    try:
+        if args.html:
+            from ..report import write_html
 
-        write_html(records, args.html, report_group)
-        print(f"HTML report: {args.html}", file=sys.stderr)
-    if args.chrome_trace:
-        from ..report import write_trace
+            Path(args.html).parent.mkdir(parents=True, exist_ok=True)
+            write_html(records, args.html, report_group)
+            print(f"HTML report: {args.html}", file=sys.stderr)
+        if args.chrome_trace:
+            from ..report import write_trace
 
-        slices = write_trace(records, args.chrome_trace, report_group)
-        print(f"Chrome trace ({slices} slices): {args.chrome_trace}", file=sys.stderr)
+            Path(args.chrome_trace).parent.mkdir(parents=True, exist_ok=True)
+            slices = write_trace(records, args.chrome_trace, report_group)
+            print(f"Chrome trace ({slices} slices): {args.chrome_trace}", file=sys.stderr)
+    except OSError as exc:  # a file where the folder should be, an output that is a folder, no permission, disk full
+        what = "write" if exc.filename in (args.html, args.chrome_trace) else "create folder"
+        return _error(f"cannot {what} {exc.filename}: {exc.strerror or exc}")
     return 0

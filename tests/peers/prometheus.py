@@ -22,11 +22,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 INSTALL_HINT = "apt-get update && apt-get install -y prometheus  (Debian package; provides prometheus and promtool)"
 
 
 def missing_tools() -> list[str]:
     return [tool for tool in ("prometheus", "promtool") if shutil.which(tool) is None]
+
+
+def require_tools() -> None:
+    """Skip the calling test (or fixture) when ``prometheus`` or ``promtool`` is not on PATH.
+
+    A missing peer is the machine's gap, not the plugin's failure: the skip names what to install
+    (``tests/run.sh`` installs it where it can) and pytest's ``-rs`` summary shows it.
+    """
+    missing = missing_tools()
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not on PATH; install with: {INSTALL_HINT}")
 
 
 def free_port() -> int:

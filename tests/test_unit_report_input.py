@@ -1,0 +1,153 @@
+"""``sglang-mmtrace report`` on bad input: one line on stderr naming the file (and line), never a traceback.
+
+Each case once, through the CLI's ``main`` on files in ``tmp_path``: a file that cannot be read
+and a file without one valid record exit 1; lines that are not records (garbage, a half-written
+last line as a live server's file has, a JSON value that is not a record) are skipped and counted,
+and the rest is reported; ``--html`` / ``--chrome-trace`` create a missing folder, and an output that
+cannot be written is one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_mmtrace.cli.main import main
+
+
+def _record(rid: str, ttft_s: float = 0.1) -> dict[str, Any]:
+    """A minimal ok record as the contract writes it (one stage covering all of TTFT)."""
+    return {
+        "rid": rid,
+        "status": "ok",
+        "arrival_unix_s": 1_700_000_000.0,
+        "ttft_s": ttft_s,
+        "images": [],
+        "cache": {"preprocess": "off", "embedding": "off", "image_prefix_hit": False},
+        "stages": [
+            {"name": "request", "process": "api", "start_s": 0.0, "dur_s": ttft_s, "clock": "host", "attrs": {}},
+            {"name": "tokenize", "process": "api", "start_s": 0.0, "dur_s": ttft_s, "clock": "host", "attrs": {}},
+        ],
+        "coverage": 1.0,
+    }
+
+
+def _line(rid: str) -> str:
+    return json.dumps(_record(rid)) + "\n"
+
+
+def _report(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str, str]:
+    rc = main(["report", *map(str, args)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert lines[0].startswith("sglang-mmtrace report: "), lines[0]
+    return lines[0]
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "nothing.jsonl"
+    rc, out, err = _report(capsys, path)
+    assert rc == 1 and not out
+    assert _one_line(err).endswith(f"{path}: No such file or directory")
+
+
+def test_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = _report(capsys, tmp_path)
+    assert rc == 1 and not out
+    assert _one_line(err).endswith(f"{tmp_path}: is a directory, not a records file")
+
+
+def test_garbage_line_is_skipped_and_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(_line("a") + "this is not json\n" + "\n" + _line("b"))
+    rc, out, err = _report(capsys, path)
+    assert rc == 0
+    assert "(n=2)" in out  # both records reported
+    assert _one_line(err).endswith(f"{path}: 1 line skipped (line 2: not JSON (Expecting value))")
+
+
+def test_truncated_last_line_of_a_live_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(_line("a") + _line("b") + _line("c")[:40])  # the server is still writing line 3
+    rc, out, err = _report(capsys, path)
+    assert rc == 0
+    assert "(n=2)" in out
+    assert _one_line(err).endswith("1 line skipped (line 3: incomplete last line)")
+
+
+def test_json_array_is_not_a_records_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps([_record("a"), _record("b")]) + "\n")
+    rc, out, err = _report(capsys, path)
+    assert rc == 1 and not out
+    why = "a JSON array, not a record object"
+    assert _one_line(err).endswith(f"{path}: no valid records; 1 line skipped (line 1: {why})")
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        ('{"ttft_s": 0.1}', "no 'rid': not a record"),
+        ('{"rid": "x", "stages": [{"name": "request"}]}', "'stages' is not a list of {name, start_s, dur_s, attrs}"),
+        ('{"rid": "x", "ttft_s": "fast"}', "'ttft_s' is not a number"),
+        ('{"rid": "x", "cache": []}', "'cache' is not an object"),
+        ('{"rid": "x", "status": "ok", "ttft_s": 0.1}', "an ok record without 'coverage'"),
+    ],
+)
+def test_object_that_is_not_a_record_is_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, why: str
+) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(_line("a") + line + "\n")
+    rc, out, err = _report(capsys, path)
+    assert rc == 0 and "(n=1)" in out
+    assert _one_line(err).endswith(f"1 line skipped (line 2: {why})")
+
+
+def test_no_valid_record_names_the_first_bad_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(f"garbage {i}\n" for i in range(5)))
+    rc, out, err = _report(capsys, path)
+    assert rc == 1 and not out
+    assert _one_line(err).endswith(
+        "no valid records; 5 lines skipped (line 1: not JSON (Expecting value); line 2: not JSON (Expecting value); "
+        "line 3: not JSON (Expecting value); 2 more)"
+    )
+
+
+def test_empty_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n")
+    rc, out, err = _report(capsys, path)
+    assert rc == 1 and not out
+    assert _one_line(err).endswith(f"{path}: no records (empty file)")
+
+
+def test_outputs_into_a_missing_folder_create_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(_line("a") + _line("b"))
+    html, trace = tmp_path / "new" / "deeper" / "r.html", tmp_path / "other" / "t.json"
+    rc, _, err = _report(capsys, path, "--html", html, "--chrome-trace", trace)
+    assert rc == 0, err
+    assert html.read_text().startswith("<!DOCTYPE html>") and json.loads(trace.read_text())["traceEvents"]
+
+
+def test_output_that_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(_line("a"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    rc, _, err = _report(capsys, path, "--html", blocker / "r.html")
+    assert rc == 1
+    assert _one_line(err).endswith(f"cannot create folder {blocker}: File exists")
+    rc, _, err = _report(capsys, path, "--chrome-trace", tmp_path)
+    assert rc == 1
+    assert _one_line(err).endswith(f"cannot write {tmp_path}: Is a directory")
