@@ -356,7 +356,11 @@ def markdown(result: dict[str, Any]) -> str:
         g = result[arm]["concurrency"]
         lines.append(f"| {arm} | {sent} | {served} | {failed} | {cut} | {g['max']} | {g['median']} |")
     if result.get("aa"):
-        lines += ["", "**A/A run:** both arms are plugin-off servers (the \"on\" arm too): the noise floor of the ratios.", ""]
+        lines += [
+            "",
+            '**A/A run:** both arms are plugin-off servers (the "on" arm too): the noise floor of the ratios.',
+            "",
+        ]
     else:
         rc = on["records"]
         lines += [

@@ -89,7 +89,9 @@ class Collector:
         self._discarded = 0  # requests that crossed a switch flip: no record
         self.last_flip = float("-inf")  # perf_counter time of the last flip
         self._settings: dict[int, switch.Setting] = {0: switch.Setting(True, switch.PARTS)}  # generation -> setting
-        self._flip: tuple[Any, int, float, float, switch.Setting] | None = None  # (client, gen, deadline, sent, setting)
+        self._flip: tuple[Any, int, float, float, switch.Setting] | None = (
+            None  # (client, gen, deadline, sent, setting)
+        )
         self._unix_offset = time.time() - time.perf_counter()
         self._last_health = 0.0
         self.metrics_started = False
@@ -258,7 +260,9 @@ class Collector:
             else:
                 keep.append((deadline, trace))
         self._waiting = keep
-        if len(self._remote_seen) > ORPHAN_MAX or (self._remote_seen and t - next(iter(self._remote_seen.values())) > ORPHAN_TTL_S):
+        if len(self._remote_seen) > ORPHAN_MAX or (
+            self._remote_seen and t - next(iter(self._remote_seen.values())) > ORPHAN_TTL_S
+        ):
             self._drop_orphans(t)
 
     def _drop_orphans(self, t: float) -> None:

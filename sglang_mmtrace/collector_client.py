@@ -118,9 +118,7 @@ class CollectorClient:
         other process confirmed. Returns ``(all confirmed, the answer of POST /mmtrace/enabled)``."""
         gen = switch.generation + 1
         switch.apply(setting, gen)
-        confirmed, processes, missing = await self._request(
-            ("flip", gen, setting.on, setting.parts), FLIP_WAIT_S
-        )
+        confirmed, processes, missing = await self._request(("flip", gen, setting.on, setting.parts), FLIP_WAIT_S)
         processes = {f"api:{self._pid}": switch.snapshot(), **processes}
         answer = {**switch.snapshot(), "processes": processes, **({"missing": missing} if missing else {})}
         return confirmed, answer
@@ -137,7 +135,6 @@ class CollectorClient:
         why = self.request(("metrics", multiproc or None, None if multiproc else port))
         if why:
             telemetry.warn("metrics disabled: %s", why)
-
 
 
 def admin_request(address: str, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:

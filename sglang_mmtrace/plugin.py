@@ -158,7 +158,9 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
         if why is not None:
             runtime.missing.append((entry.hook_id, entry.target, why))
             stages = ", ".join(entry.stages) or "none"
-            telemetry.warn("hook %s -> %s not applied (stages absent: %s): %s", entry.hook_id, entry.target, stages, why)
+            telemetry.warn(
+                "hook %s -> %s not applied (stages absent: %s): %s", entry.hook_id, entry.target, stages, why
+            )
             continue
         try:
             if spec.install is not None:

@@ -253,7 +253,9 @@ def test_throughput_segments_and_ratio() -> None:
                      "cpu_s": {"api": 1.0 if arm == "on" else 0.9, "scheduler": 2.0, "detokenizer": 0.1}})  # fmt: skip
     s = throughput.summarize_segments(segs)
     assert s["pairs"] == 3 and abs(s["tokens_per_s_ratio_on_off"] - 0.99) < 1e-9
-    assert s["arms"]["on"]["cpu_ms_per_request"]["api"] == 100.0 and s["arms"]["off"]["cpu_ms_per_request"]["api"] == 90.0
+    assert (
+        s["arms"]["on"]["cpu_ms_per_request"]["api"] == 100.0 and s["arms"]["off"]["cpu_ms_per_request"]["api"] == 90.0
+    )
     assert abs(s["cpu_per_request_ratio_on_off"]["api"] - 100 / 90) < 1e-3
     segs[0]["flip_error"] = "504"  # a segment whose flip failed is left out, and its pair with it
     assert throughput.summarize_segments(segs)["pairs"] == 2
@@ -328,8 +330,13 @@ class FakeSwitchServer:
                     with fake.lock:
                         fake.posts.append(body)
                         sw = fake.switch
-                        sw.update(on=body["on"], parts=list(body.get("parts") or PARTS), generation=sw["generation"] + 1)
-                        ans = {**sw, "processes": {"api:1": dict(sw), "scheduler:2": dict(sw), "detokenizer:3": dict(sw)}}
+                        sw.update(
+                            on=body["on"], parts=list(body.get("parts") or PARTS), generation=sw["generation"] + 1
+                        )
+                        ans = {
+                            **sw,
+                            "processes": {"api:1": dict(sw), "scheduler:2": dict(sw), "detokenizer:3": dict(sw)},
+                        }
                     self._json(200, ans)
                     return
                 with fake.lock:
@@ -450,7 +457,9 @@ def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(driver, "make_server", make_server)
     opts = Options(n=2, warmup=0, size=(16, 16), seed=1, launches=1, timeout=10)
-    st = driver.Settings(experiments=[], opts=opts, launch=[LaunchConfig("cfg")], work_dir=tmp_path, records_timeout=5.0)
+    st = driver.Settings(
+        experiments=[], opts=opts, launch=[LaunchConfig("cfg")], work_dir=tmp_path, records_timeout=5.0
+    )
     out = driver.Outcome()
     saved: list[int] = []
     driver.run_crossover(st, out, after_launch=lambda o: saved.append(len(o.results["overhead-crossover"]["launches"])))
@@ -463,7 +472,9 @@ def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatc
     res = out.results["overhead-crossover"]
     for run in ("ab", "aa"):
         assert set(res[run]["orientations"]) == {"on-first", "off-first"}
-        assert all(res[run]["orientations"][o][k]["n_pairs"] == 2 for o in ("on-first", "off-first") for k in overhead.KINDS)
+        assert all(
+            res[run]["orientations"][o][k]["n_pairs"] == 2 for o in ("on-first", "off-first") for k in overhead.KINDS
+        )
         assert res[run]["geomean"]["text"]["orientations"] == 2
     assert res["ab"]["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 12, "off_with_record": 0}
     assert res["aa"]["records"]["on_with_record"] == 0

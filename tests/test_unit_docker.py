@@ -204,6 +204,8 @@ def test_docker_compose_config_where_available():
         pytest.skip("no `docker compose` plugin here; the static checks above cover the file")
     for profile in ("gpu", "cpu"):
         proc = subprocess.run(
-            [docker, "compose", "-f", str(COMPOSE), "--profile", profile, "config", "-q"], capture_output=True, text=True
+            [docker, "compose", "-f", str(COMPOSE), "--profile", profile, "config", "-q"],
+            capture_output=True,
+            text=True,
         )
         assert proc.returncode == 0, proc.stderr

@@ -103,8 +103,14 @@ def paired_plan(
                 info = {"kind": kind, "arm": arm, "order": pos, "expect_record": arm == "on", **(extra or {})}
                 plan.append(
                     Planned(
-                        experiment, f"{kind}: plugin {arm}", ARMS.index(arm), kind,
-                        workload.messages(kind, r, f"{arm}{slot_tag}"), r, warmup=r < 0, extra=info,
+                        experiment,
+                        f"{kind}: plugin {arm}",
+                        ARMS.index(arm),
+                        kind,
+                        workload.messages(kind, r, f"{arm}{slot_tag}"),
+                        r,
+                        warmup=r < 0,
+                        extra=info,
                     )  # fmt: skip
                 )
     return plan

@@ -59,4 +59,3 @@ class RecordsTail:
             if len(found) == len(wanted) or self.path is None or time.monotonic() > deadline:
                 return found
             time.sleep(0.2)
-

@@ -133,7 +133,12 @@ def launched(config: LaunchConfig, folder: Path, gpu: bool, health_timeout: floa
     srv.start()
     print(f"[bench] healthy at {srv.base_url} after {srv.startup_seconds:.0f} s", file=sys.stderr, flush=True)
     try:
-        yield Target(label=config.label, base_url=srv.base_url, records=srv.jsonl_path, pid=srv.process.pid if srv.process else None)
+        yield Target(
+            label=config.label,
+            base_url=srv.base_url,
+            records=srv.jsonl_path,
+            pid=srv.process.pid if srv.process else None,
+        )
     finally:
         srv.stop()
 

@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import bench as bench_cli
 
     bench_cli.add_arguments(
-        sub.add_parser("bench", help="controlled experiments (new-vs-repeat, order, caches, transport, overhead, concurrency)")
+        sub.add_parser(
+            "bench", help="controlled experiments (new-vs-repeat, order, caches, transport, overhead, concurrency)"
+        )
     )
 
     args = parser.parse_args(argv)

@@ -79,7 +79,9 @@ def _tokenize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         trace.add("tokenize", t0, t1)
         if exc is not None:
             cls = type(exc)
-            trace.error_class = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+            trace.error_class = (
+                cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+            )
 
 
 def _dispatch_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
