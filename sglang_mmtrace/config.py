@@ -69,10 +69,6 @@ class Config:
             test_raise=raise_set,
         )
 
-    def raises(self, component: str) -> bool:
-        """Test-only switch: should the plugin code of this hook component raise?"""
-        return bool(self.test_raise) and ("all" in self.test_raise or component in self.test_raise)
-
 
 _config: Config | None = None
 

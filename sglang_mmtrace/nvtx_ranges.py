@@ -30,7 +30,6 @@ GROUP_COLORS = {
 domain: Any = None
 """The attached domain while the switch's ``nvtx`` part is on, else None (hooks test this)."""
 _attached: Any = None
-_attrs: dict[str, Any] = {}
 
 
 def setup() -> bool:
