@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 from .. import config
+from ..environment_variables import VARIABLES
 from ..manifest import load
 from ..package import SUPPORTED_VERSIONS, sglang_version
 from ..plugin import check
@@ -37,6 +40,11 @@ def run() -> int:
     print(f"    plugin        {'on' if cfg.enabled else 'off (SGLANG_MMTRACE=0)'}")
     print(f"    jsonl         {cfg.jsonl_path or 'off (set SGLANG_MMTRACE_JSONL)'}")
     print(f"    otlp          {cfg.otlp_endpoint or 'off (no endpoint)'}")
+    print("configuration:")
+    for v in VARIABLES:
+        if v.documented:
+            shown = os.environ.get(v.name, f"{v.shown_default} (default)")
+            print(f"    {v.name:32} {shown}")
     print("limits:")
     print("    --tokenizer-worker-num > 1: not supported (no records or traces for requests served by the workers)")
     print("    --dp-size > 1: not verified (the CPU build used for the tests runs one data-parallel rank)")
