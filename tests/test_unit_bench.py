@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from sglang_mmtrace.analysis import quantile
 from sglang_mmtrace.bench import ablation, overhead, procs, throughput
 from sglang_mmtrace.bench.client import _dechunk, _first_choices_seen, _sse_events, carries_choices
 from sglang_mmtrace.bench.experiments import Options
@@ -23,7 +24,6 @@ from sglang_mmtrace.bench.stats import (
     bootstrap_quantile_ci,
     geomean_ratio_ci,
     paired_ratio_ci,
-    quantile,
     ratio_of_means_ci,
 )
 from sglang_mmtrace.bench.switchctl import PARTS, body_for, levels

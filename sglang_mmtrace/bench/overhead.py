@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis import quantile
 from ..harness import data_url, image_message, make_image
 from ..harness.server import CpuServer, _session_pids
 from .experiments import OVERHEAD_SIZE, Options, Planned
@@ -324,8 +325,8 @@ def paired_summary(lines: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]
         "ttft_delta_median_ms": round(med_on - med_off, 3),
         "ttft_paired_delta_median_ms": round(float(np.median(delta)), 3),
         "ttft_paired_delta_ci95_ms": [round(lo, 3), round(hi, 3)],
-        "ttft_off_p90_ms": round(float(np.quantile(off, 0.9)), 3),
-        "ttft_on_p90_ms": round(float(np.quantile(on, 0.9)), 3),
+        "ttft_off_p90_ms": round(quantile(off, 0.9), 3),
+        "ttft_on_p90_ms": round(quantile(on, 0.9), 3),
         "e2e_off_median_ms": round(float(np.median(e2e_off)), 3),
         "e2e_on_median_ms": round(float(np.median(e2e_on)), 3),
         "e2e_ratio_on_off": round(float(np.median(e2e_on)) / float(np.median(e2e_off)), 4),

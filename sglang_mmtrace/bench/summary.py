@@ -12,9 +12,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from ..analysis import summarize
+from ..analysis import quantile, summarize
 from ..stages import ROOT, STAGES
-from .stats import bootstrap_quantile_ci, quantile
+from .stats import bootstrap_quantile_ci
 
 _PARENTS = {s.parent for s in STAGES.values() if s.parent}
 QUEUE = "scheduler.queue"
