@@ -28,7 +28,7 @@ from PIL import Image
 
 from sglang_mmtrace.analysis import exclusive_times, is_ok, quantile, request_kind
 from sglang_mmtrace.cli.main import main
-from sglang_mmtrace.harness import data_url, image_message, make_image, stream_chat
+from sglang_mmtrace.harness import chat_request, data_url, image_message, make_image, stream_chat
 from sglang_mmtrace.report.chrome_trace import PROCESS_PIDS
 from sglang_mmtrace.stages import DISPLAY_ORDER
 
@@ -46,7 +46,7 @@ def _image() -> str:
 
 def _post(port: int, rid: str, messages: list[dict[str, Any]]) -> tuple[int, float]:
     """A streamed chat request with the caller's rid (stream_chat lets the server pick one)."""
-    body = {"model": "default", "messages": messages, "max_tokens": 4, "temperature": 0, "stream": True, "rid": rid}
+    body = chat_request(messages, 4, rid=rid)
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions",
         data=json.dumps(body).encode(),

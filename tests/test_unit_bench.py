@@ -29,6 +29,7 @@ from sglang_mmtrace.bench.stats import (
 from sglang_mmtrace.bench.switchctl import PARTS, body_for, levels
 from sglang_mmtrace.bench.targets import parse_launch
 from sglang_mmtrace.cli.bench import parse_size
+from sglang_mmtrace.harness import chat_request
 
 
 def test_parse_launch_env_words_then_args() -> None:
@@ -76,6 +77,27 @@ def test_records_tail_starts_at_the_end_and_skips_a_partial_line(tmp_path: Path)
     assert tail.wait(["b"], timeout=0)["b"]["ttft_s"] == 2.0
     # a response id with the OpenAI prefix finds the bare rid
     assert tail.find("chatcmpl-a") is not None
+    # a second record for a rid is counted (the tests fail on it: one record per request)
+    with path.open("a") as fh:
+        fh.write(json.dumps({"rid": "a", "ttft_s": 3.0}) + "\n")
+    tail.poll()
+    assert (tail.seen["a"], tail.seen["b"]) == (2, 1)
+
+
+def test_chat_request_is_greedy_and_streams_usage() -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    body = chat_request(msgs, 4, rid="r1", ignore_eos=True)
+    assert body == {
+        "model": "default",
+        "messages": msgs,
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "rid": "r1",
+        "ignore_eos": True,
+    }
+    assert "stream_options" not in chat_request(msgs, stream=False) and "rid" not in chat_request(msgs)
 
 
 # -- the switch experiments: plans, statistics, throughput segments ---------------------------------

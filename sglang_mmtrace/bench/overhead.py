@@ -37,7 +37,7 @@ import numpy as np
 
 from ..analysis import quantile
 from ..harness import data_url, image_message, make_image
-from ..harness.server import CpuServer, _session_pids
+from ..harness.server import CpuServer, session_pids
 from .experiments import OVERHEAD_SIZE, Options, Planned
 from .procs import cpu_seconds, rss_mb
 from .records import RecordsTail
@@ -181,7 +181,7 @@ class Pauser:
     """
 
     def __init__(self, servers: dict[str, CpuServer], enabled: bool, settle_s: float) -> None:
-        self.pids = {k: _session_pids(s.process.pid) if s.process else [] for k, s in servers.items()}
+        self.pids = {k: session_pids(s.process.pid) if s.process else [] for k, s in servers.items()}
         self.enabled = enabled
         self.settle_s = settle_s
         self.stopped: set[str] = set()
@@ -213,7 +213,7 @@ def server_health(servers: dict[str, CpuServer]) -> dict[str, dict[str, float]]:
     """CPU seconds and RSS of each server's processes (to spot a server degrading during the run)."""
     out = {}
     for arm, srv in servers.items():
-        pids = _session_pids(srv.process.pid) if srv.process else []
+        pids = session_pids(srv.process.pid) if srv.process else []
         cpu = sum(cpu_seconds(p) or 0.0 for p in pids)
         rss = sum(rss_mb(p) or 0.0 for p in pids)
         out[arm] = {"cpu_s": round(cpu, 2), "rss_mb": round(rss, 1)}

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..harness.server import CpuServer, _free_port
+from ..harness.server import CpuServer, free_port
 
 _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -96,7 +96,7 @@ class GpuServer(CpuServer):
         if self.process is not None:
             raise RuntimeError("server already started")
         if self.port == 0:
-            self.port = _free_port()
+            self.port = free_port()
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix=f"sglang-{self.port}-", suffix=".log")
             os.close(fd)

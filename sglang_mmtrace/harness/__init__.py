@@ -5,7 +5,7 @@ the shims from ``research/cpu-harness.md``; ``stream_chat`` talks to it with the
 """
 
 from .images import data_url, make_image
-from .server import DEFAULT_HEALTH_TIMEOUT_S, CpuServer, image_message, stream_chat
+from .server import DEFAULT_HEALTH_TIMEOUT_S, CpuServer, chat_request, image_message, stream_chat
 from .shims import CPU_SHIMS_ENV, SHIMS_DIR, build_cuda_stub
 from .tiny_model import (
     BUILDER_VERSION,
@@ -24,6 +24,7 @@ __all__ = [
     "CpuServer",
     "build_cuda_stub",
     "build_tiny_qwen3vl",
+    "chat_request",
     "data_url",
     "default_cache_dir",
     "ensure_tiny_model",
