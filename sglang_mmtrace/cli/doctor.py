@@ -7,7 +7,7 @@ import os
 from .. import config
 from ..environment_variables import VARIABLES
 from ..manifest import load
-from ..package import SUPPORTED_VERSIONS, sglang_version
+from ..package import SUPPORTED_VERSIONS, _instruments, in_supported_range, sglang_version
 from ..plugin import check
 from ..stages import STAGES
 
@@ -20,6 +20,8 @@ def run() -> int:
     manifest = load(version)
     supported = version in SUPPORTED_VERSIONS
     print(f"SGLang {version} ({'supported' if supported else f'unknown; using the {manifest.version} manifest'})")
+    inside = in_supported_range(version)
+    print(f"supported range: {_instruments[0]} ({'inside' if inside else 'OUTSIDE: untested, hooks may not resolve'})")
     if manifest.override:
         print(f"manifest: {manifest.override} (SGLANG_MMTRACE_MANIFEST)")
     failures = 0
