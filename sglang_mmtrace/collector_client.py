@@ -46,7 +46,7 @@ class CollectorClient:
             ],
             stdin=subprocess.DEVNULL,
         )  # fmt: skip
-        self._sock = zmq.Context.instance().socket(zmq.PUSH)
+        self._sock: Any = zmq.Context.instance().socket(zmq.PUSH)
         self._sock.setsockopt(zmq.SNDHWM, 10000)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.address)
@@ -90,11 +90,31 @@ class CollectorClient:
             self._last_health = t
             health = {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped)}
         with self._lock:
+            if self._sock is None:  # closed by uninstall() while this request was in flight
+                telemetry.drop("collector", len(out))
+                return
             try:
                 msg = ("api", "api", self._pid, ([to_wire(tr) for tr in out], health))
                 self._sock.send(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
             except zmq.Again:
                 telemetry.drop("collector", len(out))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the collector process (its sinks and metrics server with it) and close the socket.
+
+        SIGTERM, as when the API process dies (``collector._die_with_parent``): requests still inside
+        their grace window are not exported."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(0)
+                self._sock = None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout_s)
 
     # -- admin (executor threads) ----------------------------------------------------------------
     def request(self, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:

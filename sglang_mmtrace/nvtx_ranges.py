@@ -50,6 +50,14 @@ def setup() -> bool:
     return True
 
 
+def teardown() -> None:
+    """Undo ``setup`` (plugin uninstall): no domain, no switch listener."""
+    global domain, _attached
+    domain = _attached = None
+    if _follow_switch in switch.LISTENERS:
+        switch.LISTENERS.remove(_follow_switch)
+
+
 def _follow_switch() -> None:
     """No new ranges while ``nvtx`` is off; ranges already open are still closed (pop/end use the domain they were opened on)."""
     global domain
