@@ -20,7 +20,8 @@ def stage_table() -> str:
     for s in _CATALOGUE:
         name = ("&nbsp;&nbsp;" * s.depth) + f"`{s.name}`"
         extra = " *(extra)*" if s.extra else ""
-        clock = " GPU-timed with CUDA events on a GPU." if s.gpu_timed else ""
+        # the contract's wording already says "(GPU-timed)" for some stages: say it once
+        clock = " GPU-timed with CUDA events on a GPU." if s.gpu_timed and "GPU-timed" not in s.covers else ""
         lines.append(f"| {name} | {s.process} | {s.covers}.{clock}{extra} |")
     return "\n".join(lines)
 

@@ -49,5 +49,7 @@ def run() -> int:
             print(f"    {v.name:32} {shown}")
     print("limits:")
     print("    --tokenizer-worker-num > 1: not supported (no records or traces for requests served by the workers)")
-    print("    --dp-size > 1: not verified (the CPU build used for the tests runs one data-parallel rank)")
+    print(
+        "    --dp-size > 1: works on the CPU build (one API process; each record joins the scheduler that served it); not tried on GPUs"
+    )
     return 1 if (failures and supported) else 0

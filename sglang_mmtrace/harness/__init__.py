@@ -1,7 +1,8 @@
-"""CPU test/demo harness: run the real SGLang server on CPU with a tiny offline Qwen3-VL.
+"""CPU harness: run the real SGLang server on CPU with a tiny offline Qwen3-VL, and talk to it.
 
-Test-only code: the plugin never imports it. ``CpuServer`` starts ``sglang.launch_server`` with
-the shims from ``research/cpu-harness.md``; ``stream_chat`` talks to it with the stdlib only.
+Used by the tests, ``sglang-mmtrace demo`` and the bench (its servers, ``chat_request``); the plugin
+code that SGLang loads never imports it. ``CpuServer`` starts ``sglang.launch_server`` with the
+shims in ``shims/``; ``stream_chat`` talks to it with the stdlib only.
 """
 
 from .images import data_url, make_image

@@ -3,7 +3,7 @@
 The server runs as ``python -m sglang.launch_server`` in its own session, so ``stop()`` can end
 the launcher *and* its scheduler/detokenizer children (they are spawned processes, not threads).
 Everything the CPU run needs (offline mode, CPU engine, stub libcuda, op placeholders) is set
-here and nowhere else; see ``research/cpu-harness.md`` for why each piece exists.
+here and nowhere else; ``shims`` and ``tiny_model`` say why each piece exists.
 """
 
 from __future__ import annotations
