@@ -455,6 +455,10 @@ def _first(events: list[StageEvent], name: str) -> StageEvent | None:
     return next((e for e in events if e.name == name), None)
 
 
+JOINED_STAGES = ("scheduler.inbox_wait", "detokenize.inbox_wait", "response.inbox_wait")
+"""The stages ``_join_stages`` builds (no hook measures them; the README's stage table says so)."""
+
+
 def _join_stages(trace: ApiTrace, remote: list[StageEvent]) -> list[StageEvent]:
     """Stages that only the join can see: the hops between processes, one end measured on each side.
 

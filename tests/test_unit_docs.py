@@ -7,6 +7,8 @@ import pytest
 
 from sglang_mmtrace import docs
 from sglang_mmtrace.cli import main as cli
+from sglang_mmtrace.collector import JOINED_STAGES
+from sglang_mmtrace.stages import STAGES
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -15,6 +17,13 @@ def test_readme_tables_are_generated_from_the_code():
     text = README.read_text()
     assert docs.render(text) == text, "run: python -m sglang_mmtrace.docs README.md"
     assert "`model.vision_encoder`" in text and "`SGLANG_MMTRACE_JSONL`" in text
+
+
+def test_every_stage_names_what_measures_it():
+    """A hook of the primary version's manifest, or the collector's join; never an empty cell."""
+    by = docs.measured_by()
+    assert set(STAGES) <= set(by), set(STAGES) - set(by)
+    assert {s for s, v in by.items() if v == "collector (join)"} == set(JOINED_STAGES)
 
 
 def test_cli_docstring_names_every_subcommand(capsys):
