@@ -69,3 +69,25 @@ def test_uninstall_restores_the_originals_and_stops_the_collector(api_install):
     assert plugin.install(role=plugin.API) == plugin.API  # and it can be installed again
     assert runtime.collector is not None and runtime.collector is not collector
     assert all(_raw(a.resolved) is not a.resolved.original for a in runtime.applied)
+
+
+def test_a_scheduler_keeps_one_outbox_over_reinstalls(api_install, monkeypatch, tmp_path):
+    """The outbox's control thread has no stop: uninstall leaves it idle and the next install reuses it."""
+    import threading
+
+    monkeypatch.setenv(plugin.ev.SGLANG_MMTRACE_COLLECTOR, f"ipc://{tmp_path}/events")
+    monkeypatch.setattr(runtime, "outbox", None)  # this process's outbox is the test's, not later tests'
+
+    def outbox_threads():
+        return [t for t in threading.enumerate() if t.name == "mmtrace-outbox"]
+
+    before = len(outbox_threads())
+    assert plugin.install(role=plugin.SCHEDULER) == plugin.SCHEDULER
+    outbox = runtime.outbox
+    assert outbox is not None and runtime.applied and runtime.collector is None
+    plugin.install(role=plugin.SCHEDULER)
+    applied = list(runtime.applied)
+    plugin.uninstall()
+    assert all(_raw(a.resolved) is a.resolved.original for a in applied)
+    plugin.install(role=plugin.SCHEDULER)
+    assert runtime.outbox is outbox and len(outbox_threads()) <= before + 1
