@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sglang_mmtrace.bench.stats import bootstrap_median_ci, quantile
+from sglang_mmtrace.analysis import quantile
+from sglang_mmtrace.bench.stats import bootstrap_median_ci
 
 __all__ = ["RESULTS", "ROOT", "bootstrap_median_ci", "machine", "quantile"]
 

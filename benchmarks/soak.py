@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang_mmtrace.harness import CpuServer, data_url, make_image
-from sglang_mmtrace.harness.server import _session_pids
+from sglang_mmtrace.harness import CpuServer, chat_request, data_url, make_image
+from sglang_mmtrace.harness.server import session_pids
 
 MIX = {"new_image": 30, "repeat_image": 25, "text": 25, "disconnect": 8, "close_early": 6, "abort": 6}
 """Share of each kind in the plan (percent)."""
@@ -72,16 +72,12 @@ def plan(n: int, seed: int) -> list[tuple[str, str, dict[str, Any]]]:
             content = [{"type": "image_url", "image_url": {"url": pool[i % REPEATED_POOL]}}, question]
         else:
             content = f"Soak {i}: say something short about the sea."
-        body = {
-            "model": "default",
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": 64 if kind in LONG else 4,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "rid": rid,
+        body = chat_request(
+            [{"role": "user", "content": content}],
+            64 if kind in LONG else 4,
+            rid=rid,
             **({"ignore_eos": True} if kind in LONG else {}),
-        }
+        )
         out.append((kind, rid, body))
     return out
 
@@ -205,7 +201,7 @@ def process_rss(server: CpuServer) -> dict[str, int]:
     """Role -> VmRSS in KiB of every live process of the server (api = the launcher)."""
     out: dict[str, int] = {}
     assert server.process is not None
-    for pid in _session_pids(server.process.pid):
+    for pid in session_pids(server.process.pid):
         try:
             status = Path(f"/proc/{pid}/status").read_text()
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
@@ -356,7 +352,11 @@ def markdown(result: dict[str, Any]) -> str:
         g = result[arm]["concurrency"]
         lines.append(f"| {arm} | {sent} | {served} | {failed} | {cut} | {g['max']} | {g['median']} |")
     if result.get("aa"):
-        lines += ["", "**A/A run:** both arms are plugin-off servers (the \"on\" arm too): the noise floor of the ratios.", ""]
+        lines += [
+            "",
+            '**A/A run:** both arms are plugin-off servers (the "on" arm too): the noise floor of the ratios.',
+            "",
+        ]
     else:
         rc = on["records"]
         lines += [

@@ -39,7 +39,11 @@ SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")
 
 
 def server_factory(
-    jsonl: Path, log_dir: Path, control: bool = False, health_timeout: float = 600.0, on_env: dict[str, str] | None = None
+    jsonl: Path,
+    log_dir: Path,
+    control: bool = False,
+    health_timeout: float = 600.0,
+    on_env: dict[str, str] | None = None,
 ) -> Callable[[str], CpuServer]:
     """arm -> a not-yet-started server; with ``control`` the ``on`` server runs with the plugin off too (A/A)."""
 

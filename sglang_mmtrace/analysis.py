@@ -216,12 +216,20 @@ def cache_ratios(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return out
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
+def quantile(values: Iterable[float], q: float) -> float:
+    """The ``q`` quantile (0..1) with linear interpolation between order statistics; NaN for no values.
+
+    The one definition every table uses (``report``, the bench summaries and their bootstrap
+    intervals): numpy's default method, so ``quantile(xs, 0.5)`` is ``statistics.median(xs)``, but
+    pure Python, because ``report`` runs where numpy need not be installed.
+    """
+    ordered = sorted(float(v) for v in values)
+    if not ordered:
         return float("nan")
-    ordered = sorted(values)
-    idx = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[idx]
+    pos = min(1.0, max(0.0, q)) * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def summarize(
@@ -253,18 +261,18 @@ def summarize(
             "n": len(recs),
             "failed": len(all_recs) - len(recs),
             "no_record": _no_record(all_recs),
-            "ttft_p50": percentile(ttfts, 0.5),
-            "ttft_p95": percentile(ttfts, 0.95),
-            "client_ttft_p50": percentile(client, 0.5) if client else None,
-            "client_ttft_p95": percentile(client, 0.95) if client else None,
+            "ttft_p50": quantile(ttfts, 0.5),
+            "ttft_p95": quantile(ttfts, 0.95),
+            "client_ttft_p50": quantile(client, 0.5) if client else None,
+            "client_ttft_p95": quantile(client, 0.95) if client else None,
             "coverage_min": min(covs),
             "coverage_p50": statistics.median(covs),
-            "unattributed_p50": percentile(unattributed, 0.5),
+            "unattributed_p50": quantile(unattributed, 0.5),
             "cache": cache_ratios(recs),
             "stages": {
                 s: {
-                    "p50": percentile(v, 0.5),
-                    "p95": percentile(v, 0.95),
+                    "p50": quantile(v, 0.5),
+                    "p95": quantile(v, 0.95),
                     "share": statistics.median(shares[s]),
                     "n": len(v),
                 }

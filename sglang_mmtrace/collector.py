@@ -97,7 +97,9 @@ class Collector:
         self._discarded = 0  # requests that crossed a switch flip: no record
         self.last_flip = float("-inf")  # perf_counter time of the last flip
         self._settings: dict[int, switch.Setting] = {0: switch.Setting(True, switch.PARTS)}  # generation -> setting
-        self._flip: tuple[Any, int, float, float, switch.Setting] | None = None  # (client, gen, deadline, sent, setting)
+        self._flip: tuple[Any, int, float, float, switch.Setting] | None = (
+            None  # (client, gen, deadline, sent, setting)
+        )
         self._unix_offset = time.time() - time.perf_counter()
         self._last_health = 0.0
         self.metrics_started = False
@@ -488,6 +490,10 @@ def _ended(trace: ApiTrace) -> float | None:
 
 def _first(events: list[StageEvent], name: str) -> StageEvent | None:
     return next((e for e in events if e.name == name), None)
+
+
+JOINED_STAGES = ("scheduler.inbox_wait", "detokenize.inbox_wait", "response.inbox_wait")
+"""The stages ``_join_stages`` builds (no hook measures them; the README's stage table says so)."""
 
 
 def _join_stages(trace: ApiTrace, remote: list[StageEvent]) -> list[StageEvent]:

@@ -46,7 +46,7 @@ class CollectorClient:
             ],
             stdin=subprocess.DEVNULL,
         )  # fmt: skip
-        self._sock = zmq.Context.instance().socket(zmq.PUSH)
+        self._sock: Any = zmq.Context.instance().socket(zmq.PUSH)
         self._sock.setsockopt(zmq.SNDHWM, 10000)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.address)
@@ -90,11 +90,31 @@ class CollectorClient:
             self._last_health = t
             health = {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped)}
         with self._lock:
+            if self._sock is None:  # closed by uninstall() while this request was in flight
+                telemetry.drop("collector", len(out))
+                return
             try:
                 msg = ("api", "api", self._pid, ([to_wire(tr) for tr in out], health))
                 self._sock.send(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
             except zmq.Again:
                 telemetry.drop("collector", len(out))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the collector process (its sinks and metrics server with it) and close the socket.
+
+        SIGTERM, as when the API process dies (``collector._die_with_parent``): requests still inside
+        their grace window are not exported."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(0)
+                self._sock = None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout_s)
 
     # -- admin (executor threads) ----------------------------------------------------------------
     def request(self, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
@@ -118,9 +138,7 @@ class CollectorClient:
         other process confirmed. Returns ``(all confirmed, the answer of POST /mmtrace/enabled)``."""
         gen = switch.generation + 1
         switch.apply(setting, gen)
-        confirmed, processes, missing = await self._request(
-            ("flip", gen, setting.on, setting.parts), FLIP_WAIT_S
-        )
+        confirmed, processes, missing = await self._request(("flip", gen, setting.on, setting.parts), FLIP_WAIT_S)
         processes = {f"api:{self._pid}": switch.snapshot(), **processes}
         answer = {**switch.snapshot(), "processes": processes, **({"missing": missing} if missing else {})}
         return confirmed, answer
@@ -137,7 +155,6 @@ class CollectorClient:
         why = self.request(("metrics", multiproc or None, None if multiproc else port))
         if why:
             telemetry.warn("metrics disabled: %s", why)
-
 
 
 def admin_request(address: str, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:

@@ -2,86 +2,34 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import environment_variables as ev
 
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def _flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    return raw.strip().lower() not in _FALSE
-
-
-def _float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
+_D = ev.DEFAULTS
 
 
 @dataclass(frozen=True)
 class Config:
-    enabled: bool = True
-    jsonl_path: str | None = None
-    otlp_endpoint: str | None = None
-    otlp_protocol: str = "http/protobuf"
-    sample: float = 1.0
-    metrics: bool = True
-    metrics_port: int = 9464
-    nvtx: bool = True
-    gpu_timing: bool = True
-    capture_content: bool = False
-    grace_s: float = 2.0
-    test_raise: frozenset[str] = field(default_factory=frozenset)
-    test_stall: tuple[str, float] | None = None
+    """One field per variable in ``environment_variables.VARIABLES``, whose defaults and parsing it takes."""
+
+    enabled: bool = _D["enabled"]
+    jsonl_path: str | None = _D["jsonl_path"]
+    otlp_endpoint: str | None = _D["otlp_endpoint"]
+    otlp_protocol: str = _D["otlp_protocol"]
+    sample: float = _D["sample"]
+    metrics: bool = _D["metrics"]
+    metrics_port: int = _D["metrics_port"]
+    nvtx: bool = _D["nvtx"]
+    gpu_timing: bool = _D["gpu_timing"]
+    capture_content: bool = _D["capture_content"]
+    grace_s: float = _D["grace_s"]
+    test_raise: frozenset[str] = _D["test_raise"]
+    test_stall: tuple[str, float] | None = _D["test_stall"]
 
     @classmethod
     def from_env(cls) -> Config:
-        env = os.environ
-        endpoint = (
-            env.get(ev.SGLANG_MMTRACE_OTLP_ENDPOINT)
-            or env.get(ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
-            or env.get(ev.OTEL_EXPORTER_OTLP_ENDPOINT)
-            or None
-        )
-        protocol = env.get(ev.SGLANG_MMTRACE_OTLP_PROTOCOL) or env.get(ev.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
-        try:
-            port = int(env.get(ev.SGLANG_MMTRACE_METRICS_PORT, "9464"))
-        except ValueError:
-            port = 9464
-        raise_set = frozenset(x.strip() for x in env.get(ev.SGLANG_MMTRACE_TEST_RAISE, "").split(",") if x.strip())
-        return cls(
-            enabled=_flag(ev.SGLANG_MMTRACE, True),
-            jsonl_path=env.get(ev.SGLANG_MMTRACE_JSONL) or None,
-            otlp_endpoint=endpoint,
-            otlp_protocol=protocol or "http/protobuf",
-            sample=min(1.0, max(0.0, _float(ev.SGLANG_MMTRACE_SAMPLE, 1.0))),
-            metrics=_flag(ev.SGLANG_MMTRACE_METRICS, True),
-            metrics_port=port,
-            nvtx=_flag(ev.SGLANG_MMTRACE_NVTX, True),
-            gpu_timing=_flag(ev.SGLANG_MMTRACE_GPU_TIMING, True),
-            capture_content=_flag(ev.SGLANG_MMTRACE_CAPTURE_CONTENT, False),
-            grace_s=max(0.05, _float(ev.SGLANG_MMTRACE_GRACE_S, 2.0)),
-            test_raise=raise_set,
-            test_stall=_stall(env.get(ev.SGLANG_MMTRACE_TEST_STALL, "")),
-        )
-
-    def raises(self, component: str) -> bool:
-        """Test-only switch: should the plugin code of this hook component raise?"""
-        return bool(self.test_raise) and ("all" in self.test_raise or component in self.test_raise)
-
-
-def _stall(value: str) -> tuple[str, float] | None:
-    component, _, seconds = value.partition(":")
-    try:
-        return (component.strip(), float(seconds)) if component.strip() else None
-    except ValueError:
-        return None
+        return cls(**ev.from_env())
 
 
 _config: Config | None = None

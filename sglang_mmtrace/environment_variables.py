@@ -1,21 +1,81 @@
-"""Every environment variable the plugin reads, in one place (CONTRACT.md, "Configuration")."""
+"""Every environment variable the plugin reads, in one place (CONTRACT.md, "Configuration").
 
-SGLANG_MMTRACE = "SGLANG_MMTRACE"
-"""Master switch, default ``1``; ``0`` turns every part off."""
+``VARIABLES`` declares each user-facing variable once (name, default, meaning, parser, ``Config``
+field): ``config.Config`` takes its defaults and ``Config.from_env`` its parsing from it, the README's
+configuration table is generated from it (``docs``) and ``sglang-mmtrace doctor`` prints it, so a
+default cannot differ between the code, the docs and the doctor.
+"""
 
-SGLANG_MMTRACE_JSONL = "SGLANG_MMTRACE_JSONL"
-"""Append one breakdown record per finished request to this file."""
+from __future__ import annotations
 
-SGLANG_MMTRACE_OTLP_ENDPOINT = "SGLANG_MMTRACE_OTLP_ENDPOINT"
-SGLANG_MMTRACE_OTLP_PROTOCOL = "SGLANG_MMTRACE_OTLP_PROTOCOL"
-SGLANG_MMTRACE_SAMPLE = "SGLANG_MMTRACE_SAMPLE"
-SGLANG_MMTRACE_METRICS = "SGLANG_MMTRACE_METRICS"
-SGLANG_MMTRACE_METRICS_PORT = "SGLANG_MMTRACE_METRICS_PORT"
-SGLANG_MMTRACE_NVTX = "SGLANG_MMTRACE_NVTX"
-SGLANG_MMTRACE_GPU_TIMING = "SGLANG_MMTRACE_GPU_TIMING"
-SGLANG_MMTRACE_CAPTURE_CONTENT = "SGLANG_MMTRACE_CAPTURE_CONTENT"
-"""``1``: the prompt and image URLs (``data:`` URLs shortened to type and size) go into the record's
-``content`` and the root span's ``sglang_mmtrace.content.*`` attributes. Off by default."""
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _flag(raw: str) -> bool:
+    return raw.strip().lower() not in _FALSE
+
+
+def _text(raw: str) -> str | None:
+    return raw or None
+
+
+def _fraction(raw: str) -> float:
+    return min(1.0, max(0.0, float(raw)))
+
+
+def _grace(raw: str) -> float:
+    return max(0.05, float(raw))
+
+
+def _names(raw: str) -> frozenset[str]:
+    return frozenset(x.strip() for x in raw.split(",") if x.strip())
+
+
+def _stall(raw: str) -> tuple[str, float] | None:
+    component, _, seconds = raw.partition(":")
+    return (component.strip(), float(seconds)) if component.strip() else None
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    field: str | None
+    """The ``Config`` attribute it sets; None for a variable read elsewhere (the manifest override)."""
+    default: Any
+    meaning: str
+    parse: Callable[[str], Any] = _text
+    """Raw text -> value; a ValueError means the default (a typo never stops SGLang)."""
+    fallbacks: tuple[str, ...] = ()
+    """Standard OpenTelemetry variables consulted, in order, when this one is unset or empty."""
+    documented: bool = True
+
+    @property
+    def shown_default(self) -> str:
+        """The default as the README and the doctor print it."""
+        if self.default is None:
+            return "unset"
+        if isinstance(self.default, bool):
+            return "1" if self.default else "0"
+        return str(self.default)
+
+    def value(self, env: Mapping[str, str]) -> Any:
+        """This variable's value in ``env``, with the fallbacks and the default applied."""
+        raw = env.get(self.name)
+        if self.fallbacks:  # an empty value counts as unset, so the next name is consulted
+            raw = next((env[n] for n in (self.name, *self.fallbacks) if env.get(n)), None)
+        if raw is None:
+            return self.default
+        try:
+            value = self.parse(raw)
+        except ValueError:
+            return self.default
+        return self.default if value is None else value
+
 
 SGLANG_MMTRACE_MANIFEST = "SGLANG_MMTRACE_MANIFEST"
 """Path of a manifest TOML that replaces the packaged one (a patched SGLang build; drift tests)."""
@@ -23,6 +83,89 @@ SGLANG_MMTRACE_MANIFEST = "SGLANG_MMTRACE_MANIFEST"
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("SGLANG_MMTRACE", "enabled", True, "master switch; 0 turns every part off", _flag),
+    Variable(
+        "SGLANG_MMTRACE_JSONL", "jsonl_path", None, "append one breakdown record per finished request to this file"
+    ),
+    Variable(
+        "SGLANG_MMTRACE_OTLP_ENDPOINT",
+        "otlp_endpoint",
+        None,
+        "OTLP span export (falls back to OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)",
+        fallbacks=(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT),
+    ),
+    Variable(
+        "SGLANG_MMTRACE_OTLP_PROTOCOL",
+        "otlp_protocol",
+        "http/protobuf",
+        "grpc or http/protobuf",
+        fallbacks=(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,),
+    ),
+    Variable(
+        "SGLANG_MMTRACE_SAMPLE",
+        "sample",
+        1.0,
+        "fraction of requests that get spans (records always count every request)",
+        _fraction,
+    ),
+    Variable("SGLANG_MMTRACE_METRICS", "metrics", True, "Prometheus metrics", _flag),
+    Variable(
+        "SGLANG_MMTRACE_METRICS_PORT", "metrics_port", 9464, "own metrics port when SGLang's metrics are off", int
+    ),
+    Variable("SGLANG_MMTRACE_NVTX", "nvtx", True, "NVTX ranges", _flag),
+    Variable(
+        "SGLANG_MMTRACE_GPU_TIMING",
+        "gpu_timing",
+        True,
+        "time GPU stages with CUDA events, read without stalling the hot path",
+        _flag,
+    ),
+    Variable(
+        "SGLANG_MMTRACE_CAPTURE_CONTENT",
+        "capture_content",
+        False,
+        "never put prompt text, image bytes or URLs anywhere unless 1; with 1 the prompt and image URLs "
+        "(data: URLs as type and size only) go into the record's content and the root span",
+        _flag,
+    ),
+    Variable(SGLANG_MMTRACE_MANIFEST, None, None, "a manifest TOML that replaces the packaged one for this SGLang"),
+    Variable(
+        "SGLANG_MMTRACE_GRACE_S",
+        "grace_s",
+        2.0,
+        "how long a finished request waits for late stages from other processes",
+        _grace,
+    ),
+    Variable(
+        "SGLANG_MMTRACE_TEST_RAISE",
+        "test_raise",
+        frozenset(),
+        "test only: comma-separated hook components (or all) whose plugin code raises, to prove containment",
+        _names,
+        documented=False,
+    ),
+    Variable(
+        "SGLANG_MMTRACE_TEST_STALL",
+        "test_stall",
+        None,
+        "test only: <hook component>:<seconds>: that component's plugin code sleeps that long each time it "
+        "runs (a forward as slow as a cold GPU's first one, which waits for JIT compilation)",
+        _stall,
+        documented=False,
+    ),
+)
+
+DEFAULTS: dict[str, Any] = {v.field: v.default for v in VARIABLES if v.field}
+"""``Config`` field -> default."""
+
+
+def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``Config`` field -> value read from ``env`` (the process environment by default)."""
+    env = os.environ if env is None else env
+    return {v.field: v.value(env) for v in VARIABLES if v.field}
+
 
 # Internal: set by the API process before SGLang spawns its children, read by the children.
 SGLANG_MMTRACE_COLLECTOR = "SGLANG_MMTRACE_COLLECTOR"
@@ -34,35 +177,3 @@ SGLANG_MMTRACE_CONTROL = "SGLANG_MMTRACE_CONTROL"
 
 SGLANG_MMTRACE_COLLECTOR_OWNER = "SGLANG_MMTRACE_COLLECTOR_OWNER"
 """PID of the process that owns the collector (internal)."""
-
-SGLANG_MMTRACE_GRACE_S = "SGLANG_MMTRACE_GRACE_S"
-"""How long a finished request waits for late stages from other processes (default 2.0 s)."""
-
-SGLANG_MMTRACE_TEST_RAISE = "SGLANG_MMTRACE_TEST_RAISE"
-"""Test only: comma-separated hook components (or ``all``) whose plugin code raises, to prove containment."""
-
-SGLANG_MMTRACE_TEST_STALL = "SGLANG_MMTRACE_TEST_STALL"
-"""Test only: ``<hook component>:<seconds>``: that component's plugin code sleeps that long each time it
-runs (a forward as slow as a cold GPU's first one, which waits for JIT compilation)."""
-
-
-# (name, default, meaning) of every user-facing variable: the README's table is generated from this.
-DOCUMENTED: tuple[tuple[str, str, str], ...] = (
-    ("SGLANG_MMTRACE", "1", "master switch; 0 turns every part off"),
-    ("SGLANG_MMTRACE_JSONL", "unset", "append one breakdown record per finished request to this file"),
-    ("SGLANG_MMTRACE_OTLP_ENDPOINT", "unset", "OTLP span export (falls back to OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)"),
-    ("SGLANG_MMTRACE_OTLP_PROTOCOL", "http/protobuf", "grpc or http/protobuf"),
-    ("SGLANG_MMTRACE_SAMPLE", "1.0", "fraction of requests that get spans (records always count every request)"),
-    ("SGLANG_MMTRACE_METRICS", "1", "Prometheus metrics"),
-    ("SGLANG_MMTRACE_METRICS_PORT", "9464", "own metrics port when SGLang's metrics are off"),
-    ("SGLANG_MMTRACE_NVTX", "1", "NVTX ranges"),
-    ("SGLANG_MMTRACE_GPU_TIMING", "1", "time GPU stages with CUDA events, read without stalling the hot path"),
-    (
-        "SGLANG_MMTRACE_CAPTURE_CONTENT",
-        "0",
-        "never put prompt text, image bytes or URLs anywhere unless 1; with 1 the prompt and image URLs "
-        "(data: URLs as type and size only) go into the record's content and the root span",
-    ),
-    ("SGLANG_MMTRACE_MANIFEST", "unset", "a manifest TOML that replaces the packaged one for this SGLang"),
-    ("SGLANG_MMTRACE_GRACE_S", "2.0", "how long a finished request waits for late stages from other processes"),
-)

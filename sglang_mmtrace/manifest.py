@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from . import environment_variables as ev
-from .package import PRIMARY_VERSION, SUPPORTED_VERSIONS
+from .package import PRIMARY_VERSION, SUPPORTED_VERSIONS, version_key
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,6 @@ def _parse(version: str, path: str | None = None) -> tuple[HookEntry, ...]:
     )
 
 
-def _key(v: str) -> tuple[int, ...]:
-    out = []
-    for part in v.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        out.append(int(digits or 0))
-    return tuple(out)
-
-
 def load(sglang_version: str | None) -> Manifest:
     """The manifest of this version, or of the nearest supported one not newer (else the primary).
 
@@ -63,6 +55,6 @@ def load(sglang_version: str | None) -> Manifest:
         return Manifest(sglang_version or "unknown", _parse("", override), True, override)
     if sglang_version in SUPPORTED_VERSIONS:
         return Manifest(sglang_version, _parse(sglang_version), True)
-    candidates = [v for v in SUPPORTED_VERSIONS if sglang_version and _key(v) <= _key(sglang_version)]
-    base = max(candidates, key=_key) if candidates else PRIMARY_VERSION
+    candidates = [v for v in SUPPORTED_VERSIONS if sglang_version and version_key(v) <= version_key(sglang_version)]
+    base = max(candidates, key=version_key) if candidates else PRIMARY_VERSION
     return Manifest(base, _parse(base), False)

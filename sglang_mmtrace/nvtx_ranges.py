@@ -30,7 +30,6 @@ GROUP_COLORS = {
 domain: Any = None
 """The attached domain while the switch's ``nvtx`` part is on, else None (hooks test this)."""
 _attached: Any = None
-_attrs: dict[str, Any] = {}
 
 
 def setup() -> bool:
@@ -49,6 +48,14 @@ def setup() -> bool:
     _attached = domain = d
     switch.LISTENERS.append(_follow_switch)
     return True
+
+
+def teardown() -> None:
+    """Undo ``setup`` (plugin uninstall): no domain, no switch listener."""
+    global domain, _attached
+    domain = _attached = None
+    if _follow_switch in switch.LISTENERS:
+        switch.LISTENERS.remove(_follow_switch)
 
 
 def _follow_switch() -> None:

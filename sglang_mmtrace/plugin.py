@@ -76,9 +76,21 @@ def load() -> None:
 
 
 def install(role: str | None = None) -> str | None:
-    """Install the plugin in this process (idempotent). Returns the role, or None when off."""
+    """Install the plugin in this process. Returns the role, or None when off.
+
+    A second call is a no-op (SGLang's loader and a user's ``sglang_mmtrace.install()`` may both run
+    in one process): one set of wrappers, one collector. If installing fails half-way, what was started
+    is stopped again, so a later call starts from scratch instead of starting a second collector."""
     if runtime.role is not None:
         return runtime.role
+    try:
+        return _install(role)
+    except BaseException:
+        uninstall()
+        raise
+
+
+def _install(role: str | None) -> str | None:
     cfg = config.get()
     if not cfg.enabled:
         return None
@@ -103,10 +115,11 @@ def install(role: str | None = None) -> str | None:
             telemetry.warn("%s process: no collector address (was the API process started without the plugin?)", role)
             runtime.role = role
             return role
-        from .outbox import Outbox
+        if runtime.outbox is None:  # kept over uninstall() (its thread has no stop): reused
+            from .outbox import Outbox
 
-        runtime.outbox = Outbox(address, role, os.environ.get(ev.SGLANG_MMTRACE_CONTROL))
-        runtime.outbox.start()
+            runtime.outbox = Outbox(address, role, os.environ.get(ev.SGLANG_MMTRACE_CONTROL))
+            runtime.outbox.start()
     from . import nvtx_ranges
 
     nvtx_ranges.setup()
@@ -158,7 +171,9 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
         if why is not None:
             runtime.missing.append((entry.hook_id, entry.target, why))
             stages = ", ".join(entry.stages) or "none"
-            telemetry.warn("hook %s -> %s not applied (stages absent: %s): %s", entry.hook_id, entry.target, stages, why)
+            telemetry.warn(
+                "hook %s -> %s not applied (stages absent: %s): %s", entry.hook_id, entry.target, stages, why
+            )
             continue
         try:
             if spec.install is not None:
@@ -174,13 +189,30 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
             telemetry.warn("hook %s -> %s failed to apply: %r", entry.hook_id, entry.target, exc)
 
 
+_COLLECTOR_ENV = (ev.SGLANG_MMTRACE_COLLECTOR, ev.SGLANG_MMTRACE_CONTROL, ev.SGLANG_MMTRACE_COLLECTOR_OWNER)
+
+
 def uninstall() -> None:
-    """Remove every wrapper this process applied (tests, and users who want it gone at run time)."""
+    """Undo ``install()`` in this process (tests, and users who want it gone at run time).
+
+    The original functions go back, the HTTP middleware comes out, NVTX stops following the switch,
+    and in the API process the collector process (which holds the sinks and any metrics server) is
+    stopped and its addresses leave the environment, so processes started later do not look for it.
+    A scheduler's or detokenizer's outbox stays connected, idle without hooks feeding it, and is
+    reused by the next ``install()``."""
     for applied in reversed(runtime.applied):
         unpatch(applied)
-    for undo in runtime.uninstallers:
+    for undo in reversed(runtime.uninstallers):
         undo()
     runtime.applied.clear()
     runtime.uninstallers.clear()
     runtime.missing.clear()
+    from . import nvtx_ranges
+
+    nvtx_ranges.teardown()
+    if runtime.collector is not None:
+        runtime.collector.close()
+        runtime.collector = None
+        for name in _COLLECTOR_ENV:
+            os.environ.pop(name, None)
     runtime.role = None

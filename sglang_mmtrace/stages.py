@@ -148,12 +148,6 @@ _CATALOGUE: tuple[Stage, ...] = (
 STAGES: dict[str, Stage] = {s.name: s for s in _CATALOGUE}
 ROOT = "request"
 ORDER: dict[str, int] = {s.name: i for i, s in enumerate(_CATALOGUE)}
-GROUPS: tuple[str, ...] = tuple(dict.fromkeys(s.group for s in _CATALOGUE))
-
-
-def stage(name: str) -> Stage:
-    """Look a stage up; an unknown name is a programming error, so it raises."""
-    return STAGES[name]
 
 
 def contract_stage_names() -> list[str]:

@@ -59,8 +59,12 @@ def drop(sink: str, n: int = 1, why: object = None) -> None:
     key = "dropped:" + sink
     if key not in _logged:
         _logged.add(key)
-        logger.warning("sglang-mmtrace: %s dropped %d item(s)%s; further drops are only counted", sink, n,
-                       f" ({why!r})" if why is not None else "")
+        logger.warning(
+            "sglang-mmtrace: %s dropped %d item(s)%s; further drops are only counted",
+            sink,
+            n,
+            f" ({why!r})" if why is not None else "",
+        )
 
 
 def warn(msg: str, *args: Any) -> None:

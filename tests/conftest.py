@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 from record_checks import repeated_stage_problems
 
+from sglang_mmtrace.bench.records import RecordsTail
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.harness import CpuServer
 
@@ -88,25 +88,19 @@ def records(server: CpuServer, rids: Iterable[str], timeout: float = 30.0) -> di
     aside), is a failure: one record per request and one interval per stage are the contract.
     """
     wanted = list(dict.fromkeys(rids))
-    deadline = time.monotonic() + timeout
-    while True:
-        found: dict[str, list[dict[str, Any]]] = {}
-        for rec in read_records(server.jsonl_path):
-            if rec.get("rid") in wanted:
-                found.setdefault(rec["rid"], []).append(rec)
-        missing = [rid for rid in wanted if rid not in found]
-        if not missing:
-            dupes = {rid: len(v) for rid, v in found.items() if len(v) > 1}
-            assert not dupes, f"more than one record per rid: {dupes}" + server_context(server)
-            repeated = {rid: p for rid in wanted if (p := repeated_stage_problems(found[rid][0]))}
-            assert not repeated, f"a stage more than once per request: {repeated}" + server_context(server)
-            return {rid: found[rid][0] for rid in wanted}
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"no record after {timeout:.0f} s for {len(missing)} of {len(wanted)} rids: {missing[:10]}"
-                + server_context(server)
-            )
-        time.sleep(0.2)
+    tail = RecordsTail(server.jsonl_path, from_start=True)
+    found = tail.wait(wanted, timeout)
+    missing = [rid for rid in wanted if rid not in found]
+    if missing:
+        raise AssertionError(
+            f"no record after {timeout:.0f} s for {len(missing)} of {len(wanted)} rids: {missing[:10]}"
+            + server_context(server)
+        )
+    dupes = {rid: n for rid in wanted if (n := tail.seen[found[rid]["rid"]]) > 1}
+    assert not dupes, f"more than one record per rid: {dupes}" + server_context(server)
+    repeated = {rid: p for rid in wanted if (p := repeated_stage_problems(found[rid]))}
+    assert not repeated, f"a stage more than once per request: {repeated}" + server_context(server)
+    return found
 
 
 def state(server: CpuServer) -> dict[str, Any]:

@@ -363,7 +363,9 @@ def exchange_problems(ex: Exchange, model_path: str) -> list[str]:
             problems.append("transport.prepare attrs disagree with the record's transport")
         recv = stages_named(rec, "scheduler.recv")
         if [{k: s["attrs"].get(k) for k in ("mode", "bytes")} for s in recv] != [rec["transport"]]:
-            problems.append(f"scheduler.recv attrs {[s['attrs'] for s in recv]} should carry the transport {rec['transport']}")
+            problems.append(
+                f"scheduler.recv attrs {[s['attrs'] for s in recv]} should carry the transport {rec['transport']}"
+            )
         hashes = [i["content_hash"] for i in rec["images"]]
         if len(set(hashes)) != len({im.data for im in ex.images}) or not all(isinstance(h, str) and h for h in hashes):
             problems.append(f"content hashes {hashes} do not match the distinct images sent")

@@ -17,7 +17,7 @@ from typing import Any
 
 from conftest import state
 
-from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image
+from sglang_mmtrace.harness import CpuServer, chat_request, data_url, image_message, make_image
 
 PLUGIN_MARK = "sglang-mmtrace:"
 """Every line the plugin logs starts its message with this (SGLang's own lines never do)."""
@@ -34,16 +34,9 @@ def chat_body(
     **extra: Any,
 ) -> dict[str, Any]:
     """A chat request with its own ``rid``: one user message of ``content``, or ``messages`` as given."""
-    return {
-        "model": "default",
-        "messages": messages if messages is not None else [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": stream,
-        **({"stream_options": {"include_usage": True}} if stream else {}),
-        "rid": rid,
-        **extra,
-    }
+    if messages is None:
+        messages = [{"role": "user", "content": content}]
+    return chat_request(messages, max_tokens, stream=stream, rid=rid, **extra)
 
 
 def post(port: int, body: dict[str, Any], timeout: float = 300) -> tuple[int, bytes]:

@@ -111,7 +111,10 @@ def test_concurrency(server, tmp_path: Path) -> None:
         events = sorted(
             (t, d)
             for ln in group
-            for t, d in ((ln["bench"]["sent_unix_s"], 1), (ln["bench"]["sent_unix_s"] + ln["bench"]["client_e2e_s"], -1))
+            for t, d in (
+                (ln["bench"]["sent_unix_s"], 1),
+                (ln["bench"]["sent_unix_s"] + ln["bench"]["client_e2e_s"], -1),
+            )
         )
         cur = best = 0
         for _, d in events:

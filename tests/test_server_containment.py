@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from conftest import server_context, start_server, state
 
-from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
+from sglang_mmtrace.harness import CpuServer, chat_request, data_url, image_message, make_image, stream_chat
 from sglang_mmtrace.manifest import load as load_manifest
 from sglang_mmtrace.package import sglang_version
 
@@ -101,9 +101,7 @@ def _events(raw: bytes) -> tuple[list[bytes], list[Any]]:
 
 
 def _chat(srv: CpuServer, messages: list[dict[str, Any]], stream: bool, max_tokens: int) -> bytes:
-    body = {"model": "default", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
-    if stream:
-        body["stream_options"] = {"include_usage": True}
+    body = chat_request(messages, max_tokens, stream=stream)
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=300)
     try:
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(), headers=JSON)

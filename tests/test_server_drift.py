@@ -79,7 +79,11 @@ def test_one_log_line_names_it(drifted):
 def test_doctor_names_the_missing_target(manifest):
     env = {**os.environ, "SGLANG_MMTRACE_MANIFEST": manifest}
     out = subprocess.run(
-        [sys.executable, "-m", "sglang_mmtrace.cli.main", "doctor"], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "sglang_mmtrace.cli.main", "doctor"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     lines = out.stdout.splitlines()
     at = lines.index(STAGE)

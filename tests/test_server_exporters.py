@@ -31,7 +31,7 @@ from peers.otlp_receiver import OtlpReceiver, Span
 from peers.prometheus import PrometheusServer, promtool_check_metrics, require_tools
 from prometheus_client.parser import text_string_to_metric_families
 
-from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image
+from sglang_mmtrace.harness import CpuServer, chat_request, data_url, image_message, make_image
 from sglang_mmtrace.sinks.prometheus import METRICS, PREFIX
 from sglang_mmtrace.stages import ROOT, STAGES
 
@@ -68,16 +68,7 @@ def chat(
     max_tokens: int = 4,
 ) -> Exchange:
     """POST a streamed, greedy /v1/chat/completions; the rid is the SSE chunk ``id``."""
-    body = json.dumps(
-        {
-            "model": "default",
-            "messages": list(messages),
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
+    body = json.dumps(chat_request(messages, max_tokens)).encode()
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
     try:
         conn.request(

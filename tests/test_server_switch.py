@@ -88,8 +88,12 @@ def test_request_across_a_flip_gets_no_record(server):
     def send() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
         try:
-            conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
-                         headers={"Content-Type": "application/json"})
+            conn.request(
+                "POST",
+                "/v1/chat/completions",
+                body=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             resp = conn.getresponse()
             result["status"] = resp.status
             resp.readline()  # the first SSE line: the request is in flight

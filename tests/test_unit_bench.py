@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from sglang_mmtrace.analysis import quantile
 from sglang_mmtrace.bench import ablation, overhead, procs, throughput
 from sglang_mmtrace.bench.client import _dechunk, _first_choices_seen, _sse_events, carries_choices
 from sglang_mmtrace.bench.experiments import Options
@@ -25,13 +26,13 @@ from sglang_mmtrace.bench.stats import (
     bootstrap_quantile_ci,
     geomean_ratio_ci,
     paired_ratio_ci,
-    quantile,
     ratio_of_means_ci,
 )
 from sglang_mmtrace.bench.switchctl import PARTS, body_for, levels
 from sglang_mmtrace.bench.targets import parse_launch
 from sglang_mmtrace.cli import bench as bench_cli
 from sglang_mmtrace.cli.bench import parse_size
+from sglang_mmtrace.harness import chat_request
 
 
 def test_parse_launch_env_words_then_args() -> None:
@@ -79,6 +80,27 @@ def test_records_tail_starts_at_the_end_and_skips_a_partial_line(tmp_path: Path)
     assert tail.wait(["b"], timeout=0)["b"]["ttft_s"] == 2.0
     # a response id with the OpenAI prefix finds the bare rid
     assert tail.find("chatcmpl-a") is not None
+    # a second record for a rid is counted (the tests fail on it: one record per request)
+    with path.open("a") as fh:
+        fh.write(json.dumps({"rid": "a", "ttft_s": 3.0}) + "\n")
+    tail.poll()
+    assert (tail.seen["a"], tail.seen["b"]) == (2, 1)
+
+
+def test_chat_request_is_greedy_and_streams_usage() -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    body = chat_request(msgs, 4, rid="r1", ignore_eos=True)
+    assert body == {
+        "model": "default",
+        "messages": msgs,
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "rid": "r1",
+        "ignore_eos": True,
+    }
+    assert "stream_options" not in chat_request(msgs, stream=False) and "rid" not in chat_request(msgs)
 
 
 # -- the switch experiments: plans, statistics, throughput segments ---------------------------------
@@ -256,7 +278,9 @@ def test_throughput_segments_and_ratio() -> None:
                      "cpu_s": {"api": 1.0 if arm == "on" else 0.9, "scheduler": 2.0, "detokenizer": 0.1}})  # fmt: skip
     s = throughput.summarize_segments(segs)
     assert s["pairs"] == 3 and abs(s["tokens_per_s_ratio_on_off"] - 0.99) < 1e-9
-    assert s["arms"]["on"]["cpu_ms_per_request"]["api"] == 100.0 and s["arms"]["off"]["cpu_ms_per_request"]["api"] == 90.0
+    assert (
+        s["arms"]["on"]["cpu_ms_per_request"]["api"] == 100.0 and s["arms"]["off"]["cpu_ms_per_request"]["api"] == 90.0
+    )
     assert abs(s["cpu_per_request_ratio_on_off"]["api"] - 100 / 90) < 1e-3
     segs[0]["flip_error"] = "504"  # a segment whose flip failed is left out, and its pair with it
     assert throughput.summarize_segments(segs)["pairs"] == 2
@@ -331,8 +355,13 @@ class FakeSwitchServer:
                     with fake.lock:
                         fake.posts.append(body)
                         sw = fake.switch
-                        sw.update(on=body["on"], parts=list(body.get("parts") or PARTS), generation=sw["generation"] + 1)
-                        ans = {**sw, "processes": {"api:1": dict(sw), "scheduler:2": dict(sw), "detokenizer:3": dict(sw)}}
+                        sw.update(
+                            on=body["on"], parts=list(body.get("parts") or PARTS), generation=sw["generation"] + 1
+                        )
+                        ans = {
+                            **sw,
+                            "processes": {"api:1": dict(sw), "scheduler:2": dict(sw), "detokenizer:3": dict(sw)},
+                        }
                     self._json(200, ans)
                     return
                 with fake.lock:
@@ -453,7 +482,9 @@ def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(driver, "make_server", make_server)
     opts = Options(n=2, warmup=0, size=(16, 16), seed=1, launches=1, timeout=10)
-    st = driver.Settings(experiments=[], opts=opts, launch=[LaunchConfig("cfg")], work_dir=tmp_path, records_timeout=5.0)
+    st = driver.Settings(
+        experiments=[], opts=opts, launch=[LaunchConfig("cfg")], work_dir=tmp_path, records_timeout=5.0
+    )
     out = driver.Outcome()
     saved: list[int] = []
     driver.run_crossover(st, out, after_launch=lambda o: saved.append(len(o.results["overhead-crossover"]["launches"])))
@@ -466,7 +497,9 @@ def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatc
     res = out.results["overhead-crossover"]
     for run in ("ab", "aa"):
         assert set(res[run]["orientations"]) == {"on-first", "off-first"}
-        assert all(res[run]["orientations"][o][k]["n_pairs"] == 2 for o in ("on-first", "off-first") for k in overhead.KINDS)
+        assert all(
+            res[run]["orientations"][o][k]["n_pairs"] == 2 for o in ("on-first", "off-first") for k in overhead.KINDS
+        )
         assert res[run]["geomean"]["text"]["orientations"] == 2
     assert res["ab"]["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 12, "off_with_record": 0}
     assert res["aa"]["records"]["on_with_record"] == 0

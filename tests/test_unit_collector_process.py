@@ -85,13 +85,24 @@ def test_record_joins_api_trace_and_peer_events(collector):
     push.send(pickle.dumps(("api", "api", 11, ([to_wire(_trace("r1", True))], {"errors": {"x": 1}, "dropped": {}}))))
     time.sleep(0.1)
     assert sink.records == []  # dispatched: waits for the scheduler's last stage
-    events = [("r1", "scheduler.recv", 100.012, 100.013, "host", {}), (("r1",), "scheduler.output", 100.040, 100.045, "host", {})]
+    events = [
+        ("r1", "scheduler.recv", 100.012, 100.013, "host", {}),
+        (("r1",), "scheduler.output", 100.040, 100.045, "host", {}),
+    ]
     push.send(pickle.dumps(("ev", "scheduler", 7, events)))
     _wait(lambda: sink.records)
     (rec,) = sink.records
     assert rec["rid"] == "r1" and rec["status"] == "ok"
     names = [s["name"] for s in rec["stages"]]
-    assert {"request", "http.parse", "openai.convert", "tokenize", "dispatch", "scheduler.recv", "scheduler.output"} <= set(names)
+    assert {
+        "request",
+        "http.parse",
+        "openai.convert",
+        "tokenize",
+        "dispatch",
+        "scheduler.recv",
+        "scheduler.output",
+    } <= set(names)
     assert "scheduler.inbox_wait" in names  # joined across the two processes
     st = admin_request(col.admin_address, ("state",))
     assert st["api"]["records"] == 1 and st["api"]["finishing"] == 0 and st["api"]["remote_pending"] == 0
@@ -124,8 +135,11 @@ def test_flip_waits_for_the_peer_then_answers(collector):
     import threading
 
     answer: dict = {}
-    t = threading.Thread(target=lambda: answer.setdefault("a", admin_request(
-        col.admin_address, ("flip", gen, False, list(switch.PARTS)))))
+    t = threading.Thread(
+        target=lambda: answer.setdefault(
+            "a", admin_request(col.admin_address, ("flip", gen, False, list(switch.PARTS)))
+        )
+    )
     t.start()
     assert sub.poll(5000), "the flip was not published"
     got_gen, on, parts = pickle.loads(sub.recv())
@@ -167,11 +181,15 @@ def test_a_superseded_flip_is_answered_at_once_unconfirmed(collector):
 
     first: dict = {}
     gen = switch.generation + 1
-    t = threading.Thread(target=lambda: first.setdefault("a", admin_request(col.admin_address, ("flip", gen, False, []))))
+    t = threading.Thread(
+        target=lambda: first.setdefault("a", admin_request(col.admin_address, ("flip", gen, False, [])))
+    )
     t.start()
     _wait(lambda: col._flip is not None)
     t0 = time.monotonic()
-    second = threading.Thread(target=lambda: admin_request(col.admin_address, ("flip", gen + 1, True, list(switch.PARTS))))
+    second = threading.Thread(
+        target=lambda: admin_request(col.admin_address, ("flip", gen + 1, True, list(switch.PARTS)))
+    )
     second.start()
     t.join(3)
     assert "a" in first and time.monotonic() - t0 < 3  # not left waiting until its own deadline
@@ -191,7 +209,10 @@ def test_a_long_forward_keeps_its_early_events(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(collector_mod.time, "perf_counter", lambda: clock[0])
     sink = ListSink()
     col = Collector(Config(grace_s=5.0), [sink], "0.5.23")
-    early = [("r1", "scheduler.recv", 100.012, 100.013, "host", {}), ("r1", "scheduler.queue", 100.013, 100.02, "host", {})]
+    early = [
+        ("r1", "scheduler.recv", 100.012, 100.013, "host", {}),
+        ("r1", "scheduler.queue", 100.013, 100.02, "host", {}),
+    ]
     col._on_message(("ev", "scheduler", 7, early))
     col._on_message(("ev", "scheduler", 7, [("gone", "scheduler.recv", 100.0, 100.1, "host", {})]))
     for _ in range(600):  # ten minutes of collector loop turns, one a second
@@ -232,7 +253,10 @@ def test_a_lagging_collector_waits_for_its_peers_not_for_a_timer(monkeypatch: py
         col._on_message(("hb", "detokenizer", 8, {}, 60.0 + step))
         col._flush_ready(clock[0])
     assert sink.records == []  # far past the grace period, but the peers have not caught up
-    events = [("r1", "scheduler.recv", 100.012, 100.013, "host", {}), (("r1",), "scheduler.output", 100.04, 100.045, "host", {})]
+    events = [
+        ("r1", "scheduler.recv", 100.012, 100.013, "host", {}),
+        (("r1",), "scheduler.output", 100.04, 100.045, "host", {}),
+    ]
     col._on_message(("ev", "scheduler", 7, events, 100.045))
     col._on_message(("hb", "scheduler", 7, {}, 100.5))
     col._flush_ready(clock[0])

@@ -109,7 +109,11 @@ def test_the_span_exporter_is_an_ordinary_dependency():
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {re.split(r"[<>=!~ ]", d, maxsplit=1)[0] for d in deps}
-    assert {"opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http", "opentelemetry-exporter-otlp-proto-grpc"} <= names
+    assert {
+        "opentelemetry-sdk",
+        "opentelemetry-exporter-otlp-proto-http",
+        "opentelemetry-exporter-otlp-proto-grpc",
+    } <= names
 
 
 def test_every_mounted_and_copied_file_exists():
@@ -212,6 +216,8 @@ def test_docker_compose_config_where_available():
         pytest.skip("no `docker compose` plugin here; the static checks above cover the file")
     for profile in ("gpu", "cpu"):
         proc = subprocess.run(
-            [docker, "compose", "-f", str(COMPOSE), "--profile", profile, "config", "-q"], capture_output=True, text=True
+            [docker, "compose", "-f", str(COMPOSE), "--profile", profile, "config", "-q"],
+            capture_output=True,
+            text=True,
         )
         assert proc.returncode == 0, proc.stderr

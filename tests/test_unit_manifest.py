@@ -52,3 +52,17 @@ def test_catalogue_matches_contract_stage_table():
     for name, process, covers in rows:
         assert STAGES[name].process == process, name
         assert STAGES[name].extra == covers.strip().startswith("*(extra)*"), name
+
+
+def test_supported_range_agrees_with_the_manifests_and_the_package_metadata():
+    import tomllib
+
+    from sglang_mmtrace.package import _instruments, in_supported_range, requirement_clauses, version_key
+
+    assert requirement_clauses() == [(">=", min(SUPPORTED_VERSIONS, key=version_key)),
+                                     ("<=", max(SUPPORTED_VERSIONS, key=version_key))]  # fmt: skip
+    assert all(in_supported_range(v) for v in SUPPORTED_VERSIONS)
+    assert in_supported_range("0.5.20") and not in_supported_range("0.5.23.post1")  # PEP 440: a post-release is newer
+    assert not in_supported_range("0.5.16") and not in_supported_range("0.5.24") and not in_supported_range("0.6.0")
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["instruments"] == list(_instruments)

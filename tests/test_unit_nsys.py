@@ -51,7 +51,9 @@ def test_cuda_event_durations_agree_with_the_kernels_in_their_nvtx_range(profile
     # 5 rounds x (new image, different image) run the encoder; every request runs a prefill
     assert by_stage == {"model.vision_encoder": 10, "model.prefill": 20}, by_stage
     bad = [a for a in rows if not a.ok]
-    assert not bad, "\n".join(f"{a.stage} {a.rid}: events {a.event_s * 1e3:.3f} ms, kernels {a.kernel_s * 1e3:.3f} ms" for a in bad)
+    assert not bad, "\n".join(
+        f"{a.stage} {a.rid}: events {a.event_s * 1e3:.3f} ms, kernels {a.kernel_s * 1e3:.3f} ms" for a in bad
+    )
     assert set(GPU_COMPARED) == set(by_stage)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mmtrace.analysis import format_table, read_jsonl, summarize
+from sglang_mmtrace.bench.records import RecordsTail
 from sglang_mmtrace.cli.demo import KINDS, reference_requests
 from sglang_mmtrace.harness import stream_chat
 
@@ -131,14 +132,6 @@ def one(base: str, kind: str, messages: list[dict[str, Any]], timeout: float) ->
     }
 
 
-def wait_records(path: Path, rids: set[str], deadline: float) -> list[dict[str, Any]]:
-    while True:
-        records = read_jsonl(str(path)) if path.exists() else []
-        if rids <= {r["rid"] for r in records} or time.time() > deadline:
-            return records
-        time.sleep(0.25)
-
-
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,7 +167,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         summary["metrics"] = {"http": status, "mmtrace_lines": len(lines), "sample": lines[:40]}
         rids = {q["rid"] for q in summary["requests"] + warm if q["rid"]}
         # 0.5.17 keeps each streamed response open ~2 s after its end (create_abort_task): wait for it.
-        records = wait_records(jsonl, rids, min(args.deadline, time.time() + 20.0))
+        RecordsTail(jsonl, from_start=True).wait(rids, timeout=max(0.0, min(args.deadline - time.time(), 20.0)))
+        records = read_jsonl(str(jsonl)) if jsonl.exists() else []
         summary["records_seen"] = len(records)
         status, body = http_get(base + "/mmtrace/state")
         summary["mmtrace_state_after"] = {"http": status, "body": _json(body)}

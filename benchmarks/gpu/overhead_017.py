@@ -177,8 +177,12 @@ def main() -> int:
     model = ensure_model(Path(args.model))
     receiver, endpoint = start_receiver(out)
     info["otlp_endpoint"] = endpoint
-    env = {"SGLANG_MMTRACE_OTLP_ENDPOINT": endpoint, "SGLANG_MMTRACE_OTLP_PROTOCOL": "http/protobuf"} if endpoint else {}
-    cfg = LaunchConfig("h200 0.5.17", ("--model-path", str(model), *shlex.split(args.server_flags), "--enable-metrics"), env)
+    env = (
+        {"SGLANG_MMTRACE_OTLP_ENDPOINT": endpoint, "SGLANG_MMTRACE_OTLP_PROTOCOL": "http/protobuf"} if endpoint else {}
+    )
+    cfg = LaunchConfig(
+        "h200 0.5.17", ("--model-path", str(model), *shlex.split(args.server_flags), "--enable-metrics"), env
+    )
     opts = Options(
         n=args.n, warmup=2, seed=args.seed, concurrency=(args.concurrency,), segment_s=args.segment_s,
         segments=args.segments, launches=args.launches, timeout=120.0, deadline=deadline - 30, gap_s=args.gap_ms / 1000,
@@ -240,7 +244,9 @@ def main() -> int:
             opts.n = args.crossover_rounds
             opts.deadline = deadline - 20
             res = driver.Outcome()
-            driver.run_crossover(st, res, after_launch=lambda o: save(out, "crossover", o.results["overhead-crossover"]))
+            driver.run_crossover(
+                st, res, after_launch=lambda o: save(out, "crossover", o.results["overhead-crossover"])
+            )
             save(out, "crossover", res.results["overhead-crossover"], res.lines)
             print("\n".join(res.notes), flush=True)
         else:

@@ -50,14 +50,18 @@ def main() -> int:
         from sglang_mmtrace.harness.tiny_model import build_tiny_qwen3vl
 
         build_tiny_qwen3vl(model)
-    cfg = LaunchConfig("h200 0.5.17", ("--model-path", str(model), *shlex.split(args.server_flags), "--enable-metrics"), {})
+    cfg = LaunchConfig(
+        "h200 0.5.17", ("--model-path", str(model), *shlex.split(args.server_flags), "--enable-metrics"), {}
+    )
     fixed = data_url(make_image(640, 480, seed=7, fmt="JPEG"))
     windows = []
     with launched(cfg, Path("/tmp/profile-work"), True, 300.0) as target:
         roles = procs.server_processes(target.pid)
         log(f"processes {roles}")
         for i in range(5):  # warm-up (JIT)
-            timed_chat(target.base_url, [image_message(QUESTION, [data_url(make_image(640, 480, seed=100 + i, fmt="JPEG"))])])
+            timed_chat(
+                target.base_url, [image_message(QUESTION, [data_url(make_image(640, 480, seed=100 + i, fmt="JPEG"))])]
+            )
         n_img = 1000
         for w, arm in enumerate(args.arms.split(",")):
             if time.time() + args.window_s + 20 > args.deadline:

@@ -55,7 +55,10 @@ def ab_table(raw: dict[str, Any]) -> str:
         if "ttft_s" in r:
             pairs.setdefault((r["round"], r["kind"]), {})[r["arm"]] = r["ttft_s"]
     others = sorted({arm for v in pairs.values() for arm in v} - {"off"})
-    lines = ["| request | arm | n pairs | TTFT off p50 ms | TTFT arm p50 ms | arm/off (95% CI) |", "|---|---|---:|---:|---:|---|"]
+    lines = [
+        "| request | arm | n pairs | TTFT off p50 ms | TTFT arm p50 ms | arm/off (95% CI) |",
+        "|---|---|---:|---:|---:|---|",
+    ]
     for arm in others:
         pooled_off: list[float] = []
         pooled_arm: list[float] = []

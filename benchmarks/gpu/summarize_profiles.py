@@ -54,7 +54,9 @@ def main(folder: Path) -> str:
         rows.append(f"| {w['window']} | {w['arm']} | {n} | " + " | ".join(cells) + " |")
     mean = {arm: {p: sum(v) / len(v) for p, v in d.items()} for arm, d in per_arm.items()}
     if "on" in mean and "off" in mean:
-        rows.append("| on - off | | | " + " | ".join(f"{mean['on'][p] - mean['off'][p]:+.2f}" for p in PROCESSES) + " |")
+        rows.append(
+            "| on - off | | | " + " | ".join(f"{mean['on'][p] - mean['off'][p]:+.2f}" for p in PROCESSES) + " |"
+        )
     return "\n".join(rows) + "\n"
 
 

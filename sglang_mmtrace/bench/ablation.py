@@ -104,6 +104,10 @@ def ablation_markdown(s: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
     ]
     for row in [*s["rows"], s["whole"]]:
-        name = f"L{row['level']} +{row['part']}" if row["part"] != "whole stack" else f"**whole stack** (L{row['level']} - L0)"
+        name = (
+            f"L{row['level']} +{row['part']}"
+            if row["part"] != "whole stack"
+            else f"**whole stack** (L{row['level']} - L0)"
+        )
         lines.append(f"| {name} | " + " | ".join(_cell(row[k]) for k in KINDS) + " |")
     return "\n".join(lines) + "\n"

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..harness.server import chat_request
+
 
 class RequestFailed(RuntimeError):
     """The server answered with an error (HTTP status or an SSE error event) or nothing usable."""
@@ -56,21 +58,6 @@ def _dechunk(raw: bytes) -> bytes:
             return bytes(out)
         out += raw[j + 2 : j + 2 + size]
         i = j + 2 + size + 2
-
-
-def chat_body(messages: list[dict[str, Any]], max_tokens: int, extra: dict[str, Any] | None = None) -> bytes:
-    """A greedy streamed chat request with usage; ``extra`` adds fields (e.g. ``{"ignore_eos": True}``)."""
-    return json.dumps(
-        {
-            "model": "default",
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            **(extra or {}),
-        }
-    ).encode()
 
 
 def _sse_events(payload: bytes) -> list[bytes]:
@@ -119,7 +106,7 @@ def timed_chat(
     refused connection).
     """
     host, port = host_port(base_url)
-    body = chat_body(messages, max_tokens, extra)
+    body = json.dumps(chat_request(messages, max_tokens, **(extra or {}))).encode()
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
         f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"

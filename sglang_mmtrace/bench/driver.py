@@ -96,10 +96,14 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
     try:
         if name == "overhead":
             plan = oh.paired_plan(name, n, opts.warmup, workload)
-            log(f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x on/off, switch flipped per request")
+            log(
+                f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x on/off, switch flipped per request"
+            )
         elif name == "ablation":
             plan = abl.ablation_plan(n, min(opts.warmup, 1), workload, opts.seed, opts.ablation_parts)
-            log(f"ablation on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {len(opts.ablation_parts) + 1} levels")
+            log(
+                f"ablation on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {len(opts.ablation_parts) + 1} levels"
+            )
         else:
             plan = []
             pid = target.pid or st.server_pid or pid_listening_on(host_port(target.base_url)[1])
@@ -180,7 +184,9 @@ def run_crossover(st: Settings, out: Outcome, after_launch: Callable[[Outcome], 
     lines: list[dict[str, Any]] = []
     launches: list[dict[str, Any]] = []
     longest = 0.0
-    schedule = [(r, c, j) for r, c in (("ab", False), ("aa", True)) if opts.aa or not c for j in range(2 * opts.launches)]
+    schedule = [
+        (r, c, j) for r, c in (("ab", False), ("aa", True)) if opts.aa or not c for j in range(2 * opts.launches)
+    ]
     for run_name, control, j in schedule:
         orientation = oh.ORIENTATIONS[j % 2]
         if opts.deadline is not None and time.time() + 1.1 * longest > opts.deadline:
@@ -209,7 +215,12 @@ def run_crossover(st: Settings, out: Outcome, after_launch: Callable[[Outcome], 
         lines += lr.lines
         launches.append({"run": run_name, "orientation": orientation, "startup_s": lr.startup_s,
                          "health_last_round": lr.health[-1] if lr.health else None})  # fmt: skip
-        out.results[name] = {**oh.crossover_summary(lines), "launches": launches, "rounds_per_launch": n, "config": cfg.label}
+        out.results[name] = {
+            **oh.crossover_summary(lines),
+            "launches": launches,
+            "rounds_per_launch": n,
+            "config": cfg.label,
+        }
         if after_launch is not None:
             after_launch(out)
     out.lines += lines
@@ -231,7 +242,9 @@ def run(st: Settings) -> Outcome:
             for cfg in st.launch or [default_config(st.gpu)]:
                 with launched(cfg, _folder(st), st.gpu, st.health_timeout) as target:
                     run_per_target(target, per_target, st, out)
-    launched_here = [e for e in st.experiments if e in ("caches", "overhead-crossover") or (e == "transport" and st.gpu)]
+    launched_here = [
+        e for e in st.experiments if e in ("caches", "overhead-crossover") or (e == "transport" and st.gpu)
+    ]
     if st.url and launched_here:
         out.notes.append(f"note: {', '.join(launched_here)} launched their own servers (not {st.url})")
     if "caches" in st.experiments:

@@ -167,7 +167,9 @@ def concurrency_levels(opts: Options) -> tuple[list[Planned], list[tuple[int, li
     """Warm-up, then per level ``c``: ``max(n, c)`` requests, each with a new image."""
     imgs = Images(opts, "conc")
     exp = "concurrency"
-    warm = [Planned(exp, "warm-up", 0, exp, [image_message(QUESTION, [imgs.new()])], -1, True) for _ in range(opts.warmup)]
+    warm = [
+        Planned(exp, "warm-up", 0, exp, [image_message(QUESTION, [imgs.new()])], -1, True) for _ in range(opts.warmup)
+    ]
     levels = []
     for idx, c in enumerate(opts.concurrency_levels()):
         reqs = [

@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis import quantile
 from ..harness import data_url, image_message, make_image
-from ..harness.server import CpuServer, _session_pids
+from ..harness.server import CpuServer, session_pids
 from .experiments import OVERHEAD_SIZE, Options, Planned
 from .procs import cpu_seconds, rss_mb
 from .records import RecordsTail
@@ -103,8 +104,14 @@ def paired_plan(
                 info = {"kind": kind, "arm": arm, "order": pos, "expect_record": arm == "on", **(extra or {})}
                 plan.append(
                     Planned(
-                        experiment, f"{kind}: plugin {arm}", ARMS.index(arm), kind,
-                        workload.messages(kind, r, f"{arm}{slot_tag}"), r, warmup=r < 0, extra=info,
+                        experiment,
+                        f"{kind}: plugin {arm}",
+                        ARMS.index(arm),
+                        kind,
+                        workload.messages(kind, r, f"{arm}{slot_tag}"),
+                        r,
+                        warmup=r < 0,
+                        extra=info,
                     )  # fmt: skip
                 )
     return plan
@@ -174,7 +181,7 @@ class Pauser:
     """
 
     def __init__(self, servers: dict[str, CpuServer], enabled: bool, settle_s: float) -> None:
-        self.pids = {k: _session_pids(s.process.pid) if s.process else [] for k, s in servers.items()}
+        self.pids = {k: session_pids(s.process.pid) if s.process else [] for k, s in servers.items()}
         self.enabled = enabled
         self.settle_s = settle_s
         self.stopped: set[str] = set()
@@ -206,7 +213,7 @@ def server_health(servers: dict[str, CpuServer]) -> dict[str, dict[str, float]]:
     """CPU seconds and RSS of each server's processes (to spot a server degrading during the run)."""
     out = {}
     for arm, srv in servers.items():
-        pids = _session_pids(srv.process.pid) if srv.process else []
+        pids = session_pids(srv.process.pid) if srv.process else []
         cpu = sum(cpu_seconds(p) or 0.0 for p in pids)
         rss = sum(rss_mb(p) or 0.0 for p in pids)
         out[arm] = {"cpu_s": round(cpu, 2), "rss_mb": round(rss, 1)}
@@ -318,8 +325,8 @@ def paired_summary(lines: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]
         "ttft_delta_median_ms": round(med_on - med_off, 3),
         "ttft_paired_delta_median_ms": round(float(np.median(delta)), 3),
         "ttft_paired_delta_ci95_ms": [round(lo, 3), round(hi, 3)],
-        "ttft_off_p90_ms": round(float(np.quantile(off, 0.9)), 3),
-        "ttft_on_p90_ms": round(float(np.quantile(on, 0.9)), 3),
+        "ttft_off_p90_ms": round(quantile(off, 0.9), 3),
+        "ttft_on_p90_ms": round(quantile(on, 0.9), 3),
         "e2e_off_median_ms": round(float(np.median(e2e_off)), 3),
         "e2e_on_median_ms": round(float(np.median(e2e_on)), 3),
         "e2e_ratio_on_off": round(float(np.median(e2e_on)) / float(np.median(e2e_off)), 4),

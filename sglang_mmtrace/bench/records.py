@@ -1,13 +1,16 @@
-"""Read the plugin's records for the requests the bench sent, from the server's JSONL.
+"""Read the plugin's records for the requests a client sent, from the server's JSONL.
 
-The file may be long-lived and shared (a dev server), so reading starts at the size the file had
-when the bench began, and only complete lines are parsed (the sink may be mid-write).
+``RecordsTail.wait`` is the one "wait for these requests' records" used by the bench, the demo,
+the GPU driver and the tests. The file may be long-lived and shared (a dev server), so reading
+starts at the size the file had when the tail was made (``from_start`` reads it all), and only
+complete lines are parsed (the sink may be mid-write).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,8 @@ class RecordsTail:
         start_at_end = not from_start and self.path is not None and self.path.exists()
         self.offset: int = self.path.stat().st_size if start_at_end and self.path is not None else 0
         self.by_rid: dict[str, dict[str, Any]] = {}
+        self.seen: Counter[str] = Counter()
+        """Records read per rid: more than one breaks the contract's one record per request."""
 
     def poll(self) -> None:
         if self.path is None or not self.path.exists():
@@ -45,6 +50,7 @@ class RecordsTail:
                     continue
                 if isinstance(rec, dict) and rec.get("rid"):
                     self.by_rid[str(rec["rid"])] = rec
+                    self.seen[str(rec["rid"])] += 1
 
     def find(self, rid: str) -> dict[str, Any] | None:
         return next((self.by_rid[k] for k in rid_keys(rid) if k in self.by_rid), None)
@@ -59,4 +65,3 @@ class RecordsTail:
             if len(found) == len(wanted) or self.path is None or time.monotonic() > deadline:
                 return found
             time.sleep(0.2)
-

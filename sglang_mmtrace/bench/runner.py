@@ -115,9 +115,7 @@ def expects_record(p: Planned) -> bool:
     return bool(p.extra.get("expect_record", True))
 
 
-def to_lines(
-    sent: Iterable[Sent], tail: RecordsTail, target: str, timeout: float = 30.0
-) -> list[dict[str, Any]]:
+def to_lines(sent: Iterable[Sent], tail: RecordsTail, target: str, timeout: float = 30.0) -> list[dict[str, Any]]:
     """Measured (non-warm-up) requests -> output lines, with their records where they exist.
 
     Waits (up to ``timeout``) only for the records the requests expect; a record that exists for a

@@ -1,4 +1,7 @@
-"""Robust statistics for the experiments: quantiles with percentile-bootstrap intervals.
+"""Robust statistics for the experiments: percentile-bootstrap intervals and paired A/B effects.
+
+Point quantiles are ``analysis.quantile`` (one definition for ``report`` and the bench); the
+intervals here use numpy's default quantile method, which is the same linear interpolation.
 
 Latency samples from a shared machine are skewed and carry outliers, so the bench reports medians
 and percentiles, each with a bootstrap 95% interval, and A/B effects as paired differences/ratios.
@@ -12,11 +15,6 @@ from typing import Any
 import numpy as np
 
 N_BOOT = 2000
-
-
-def quantile(xs: Any, q: float) -> float:
-    a = np.asarray(xs, dtype=float)
-    return float(np.quantile(a, q)) if a.size else float("nan")
 
 
 def bootstrap_quantile_ci(

@@ -12,9 +12,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from ..analysis import summarize
+from ..analysis import quantile, summarize
 from ..stages import ROOT, STAGES
-from .stats import bootstrap_quantile_ci, quantile
+from .stats import bootstrap_quantile_ci
 
 _PARENTS = {s.parent for s in STAGES.values() if s.parent}
 QUEUE = "scheduler.queue"
@@ -51,7 +51,9 @@ def variant_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
         "group": b0.get("group", b0["experiment"]),
         "n": len(lines),
         "errors": len(lines) - len(ok),
-        "error_kinds": dict(Counter((ln["bench"]["error"] or "").split(":")[0] for ln in lines if not ln["bench"]["ok"])),
+        "error_kinds": dict(
+            Counter((ln["bench"]["error"] or "").split(":")[0] for ln in lines if not ln["bench"]["ok"])
+        ),
         "records": len(recs),
         "client_ttft_p50": quantile(ttft, 0.5),
         "client_ttft_p50_ci": bootstrap_quantile_ci(ttft, 0.5),
@@ -139,7 +141,11 @@ def format_table(sums: list[dict[str, Any]], notes: Iterable[str] = ()) -> str:
         ci, ci95 = s["client_ttft_p50_ci"], s["client_ttft_p95_ci"]
         p50 = f"{_ms(s['client_ttft_p50'])} [{_ms(ci[0])}, {_ms(ci[1])}]"
         p95 = f"{_ms(s['client_ttft_p95'])} [{_ms(ci95[0])}, {_ms(ci95[1])}]"
-        tok = f"{s['cached_tokens_p50']:.0f}/{s['prompt_tokens_p50']:.0f}" if s["prompt_tokens_p50"] == s["prompt_tokens_p50"] else "-"
+        tok = (
+            f"{s['cached_tokens_p50']:.0f}/{s['prompt_tokens_p50']:.0f}"
+            if s["prompt_tokens_p50"] == s["prompt_tokens_p50"]
+            else "-"
+        )
         lines.append(
             f"   {s['variant'][:43]:<44}{s['n']:>4}{s['errors']:>4}{s['records']:>5}  {p50:<28}{p95:<26}"
             f"{_ms(s['server_ttft_p50']):>12}{_ms(s['stage_sum_p50']):>11}{tok:>15}"
@@ -173,4 +179,3 @@ def format_table(sums: list[dict[str, Any]], notes: Iterable[str] = ()) -> str:
     if notes:
         lines += ["", *notes]
     return "\n".join(lines).lstrip("\n") + "\n"
-

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..harness.server import CpuServer, _free_port
+from ..harness.server import CpuServer, free_port
 
 _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -96,7 +96,7 @@ class GpuServer(CpuServer):
         if self.process is not None:
             raise RuntimeError("server already started")
         if self.port == 0:
-            self.port = _free_port()
+            self.port = free_port()
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix=f"sglang-{self.port}-", suffix=".log")
             os.close(fd)
@@ -133,7 +133,12 @@ def launched(config: LaunchConfig, folder: Path, gpu: bool, health_timeout: floa
     srv.start()
     print(f"[bench] healthy at {srv.base_url} after {srv.startup_seconds:.0f} s", file=sys.stderr, flush=True)
     try:
-        yield Target(label=config.label, base_url=srv.base_url, records=srv.jsonl_path, pid=srv.process.pid if srv.process else None)
+        yield Target(
+            label=config.label,
+            base_url=srv.base_url,
+            records=srv.jsonl_path,
+            pid=srv.process.pid if srv.process else None,
+        )
     finally:
         srv.stop()
 

@@ -86,7 +86,9 @@ def summarize_segments(segments: list[dict[str, Any]]) -> dict[str, Any]:
             "segments": len(segs),
             "tokens_per_s_mean": round(float(np.mean([s["tokens_per_s"] for s in segs])), 2) if segs else None,
             "requests": reqs,
-            "cpu_ms_per_request": {r: round(v * 1e3 / reqs, 3) if reqs and v is not None else None for r, v in cpu.items()},
+            "cpu_ms_per_request": {
+                r: round(v * 1e3 / reqs, 3) if reqs and v is not None else None for r, v in cpu.items()
+            },
         }
     by_pair: dict[int, dict[str, float]] = {}
     for s in valid:
@@ -201,11 +203,17 @@ def notes(result: dict[str, Any]) -> list[str]:
         a = s["arms"][arm]
         cpu = ", ".join(f"{r} {v:.2f}" if v is not None else f"{r} -" for r, v in a["cpu_ms_per_request"].items())
         tps = f"{a['tokens_per_s_mean']:.1f}" if a["tokens_per_s_mean"] is not None else "-"
-        out.append(f"   {arm:<3} {tps} output tokens/s (mean of {a['segments']} segments), {a['requests']} requests; CPU ms/request: {cpu}")
+        out.append(
+            f"   {arm:<3} {tps} output tokens/s (mean of {a['segments']} segments), {a['requests']} requests; CPU ms/request: {cpu}"
+        )
     lo, hi = s["tokens_per_s_ratio_ci95"]
-    out.append(f"   tokens/s on/off {s['tokens_per_s_ratio_on_off']:.4f} [{lo:.4f}, {hi:.4f}] over {s['pairs']} segment pairs")
+    out.append(
+        f"   tokens/s on/off {s['tokens_per_s_ratio_on_off']:.4f} [{lo:.4f}, {hi:.4f}] over {s['pairs']} segment pairs"
+    )
     if not result["processes"]:
         out.append("   note: server processes unknown (give --server-pid): no CPU accounting")
     if result["errors_total"]:
-        out.append(f"   errors: {result['errors_total']} of {result['requests_total']}, e.g. {result['error_examples'][:1]}")
+        out.append(
+            f"   errors: {result['errors_total']} of {result['requests_total']}, e.g. {result['error_examples'][:1]}"
+        )
     return out

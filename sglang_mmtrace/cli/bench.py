@@ -60,7 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"throughput: the clients (the largest value given; default {THROUGHPUT_CLIENTS})",
     )
     p.add_argument(
-        "--warmup", type=int, default=2, help="warm-up requests (rounds for the overhead experiments), excluded (default 2)"
+        "--warmup",
+        type=int,
+        default=2,
+        help="warm-up requests (rounds for the overhead experiments), excluded (default 2)",
     )
     p.add_argument("--max-tokens", type=int, default=None, help="default 8; throughput 256 (with ignore_eos)")
     s = p.add_argument_group("switch and two-server experiments")

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..analysis import format_table, read_jsonl, summarize
+from ..analysis import format_table, summarize
+from ..bench.records import RecordsTail
 
 QUESTION = "What is in this image?"
 DEMO_SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")
@@ -47,15 +48,6 @@ def run_reference(base_url: str, rounds: int) -> dict[str, str]:
     return kinds
 
 
-def wait_for_records(path: str, rids: set[str], timeout: float = 30.0) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        records = read_jsonl(path) if os.path.exists(path) else []
-        if rids <= {r["rid"] for r in records} or time.monotonic() > deadline:
-            return records
-        time.sleep(0.2)
-
-
 def _exit_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so the server (in its own session) is stopped, not orphaned."""
 
@@ -83,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
                 pass
             return 0
         kinds = run_reference(server.base_url, args.rounds)
-        records = wait_for_records(jsonl, set(kinds))
-    ours = [r for r in records if r["rid"] in kinds]
-    summary = summarize(ours, group=lambda r: kinds[r["rid"]])
+        found = RecordsTail(jsonl, from_start=True).wait(kinds)
+    ours = list(found.values())
+    kind_of = {rec["rid"]: kinds[rid] for rid, rec in found.items()}
+    summary = summarize(ours, group=lambda r: kind_of[r["rid"]])
     summary = {k: summary[k] for k in KINDS if k in summary}
     if args.json:
         print(json.dumps(summary, indent=2))

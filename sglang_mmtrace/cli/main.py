@@ -1,4 +1,11 @@
-"""``sglang-mmtrace``: doctor, demo, report."""
+"""``sglang-mmtrace``: doctor, demo, report, nsys, bench.
+
+- ``doctor``: what the plugin would hook on the installed SGLang, its configuration and limits.
+- ``demo``: the real SGLang server on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed.
+- ``report``: per-stage tables from a records JSONL (``--html``, ``--chrome-trace``).
+- ``nsys``: an Nsight Systems sqlite export's stage NVTX ranges and GPU time, against records.
+- ``bench``: the controlled experiments against a running server.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,9 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sglang-mmtrace", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="sglang-mmtrace", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     sub.add_parser("doctor", help="SGLang version, stage -> target -> resolved?, live sinks")
@@ -35,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import bench as bench_cli
 
     bench_cli.add_arguments(
-        sub.add_parser("bench", help="controlled experiments (new-vs-repeat, order, caches, transport, overhead, concurrency)")
+        sub.add_parser(
+            "bench", help="controlled experiments (new-vs-repeat, order, caches, transport, overhead, concurrency)"
+        )
     )
 
     args = parser.parse_args(argv)

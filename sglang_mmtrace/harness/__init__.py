@@ -1,11 +1,12 @@
-"""CPU test/demo harness: run the real SGLang server on CPU with a tiny offline Qwen3-VL.
+"""CPU harness: run the real SGLang server on CPU with a tiny offline Qwen3-VL, and talk to it.
 
-Test-only code: the plugin never imports it. ``CpuServer`` starts ``sglang.launch_server`` with
-the shims from ``research/cpu-harness.md``; ``stream_chat`` talks to it with the stdlib only.
+Used by the tests, ``sglang-mmtrace demo`` and the bench (its servers, ``chat_request``); the plugin
+code that SGLang loads never imports it. ``CpuServer`` starts ``sglang.launch_server`` with the
+shims in ``shims/``; ``stream_chat`` talks to it with the stdlib only.
 """
 
 from .images import data_url, make_image
-from .server import DEFAULT_HEALTH_TIMEOUT_S, CpuServer, image_message, stream_chat
+from .server import DEFAULT_HEALTH_TIMEOUT_S, CpuServer, chat_request, image_message, stream_chat
 from .shims import CPU_SHIMS_ENV, SHIMS_DIR, build_cuda_stub
 from .tiny_model import (
     BUILDER_VERSION,
@@ -24,6 +25,7 @@ __all__ = [
     "CpuServer",
     "build_cuda_stub",
     "build_tiny_qwen3vl",
+    "chat_request",
     "data_url",
     "default_cache_dir",
     "ensure_tiny_model",

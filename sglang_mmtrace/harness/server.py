@@ -3,7 +3,7 @@
 The server runs as ``python -m sglang.launch_server`` in its own session, so ``stop()`` can end
 the launcher *and* its scheduler/detokenizer children (they are spawned processes, not threads).
 Everything the CPU run needs (offline mode, CPU engine, stub libcuda, op placeholders) is set
-here and nowhere else; see ``research/cpu-harness.md`` for why each piece exists.
+here and nowhere else; ``shims`` and ``tiny_model`` say why each piece exists.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ _PROJECT_ROOT: Path = Path(__file__).resolve().parents[2]  # folder holding sgla
 _LOG_TAIL_LINES: int = 60
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """Ask the kernel for a free TCP port on 127.0.0.1 (small race window, fine for tests)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -45,7 +45,7 @@ def _prepend_path(value: str, existing: str | None) -> str:
     return value if not existing else f"{value}{os.pathsep}{existing}"
 
 
-def _session_pids(sid: int) -> list[int]:
+def session_pids(sid: int) -> list[int]:
     """Live (non-zombie) processes whose session id is ``sid``, read from /proc.
 
     A session survives ``setpgid`` in a child and re-parenting to init, so it finds every
@@ -73,7 +73,7 @@ def _signal_session(sid: int, sig: signal.Signals) -> None:
     """Send ``sig`` to the process group ``sid`` and to any session member outside it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(sid, sig)
-    for pid in _session_pids(sid):
+    for pid in session_pids(sid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
 
@@ -181,7 +181,7 @@ class CpuServer:
         self.model_path = ensure_tiny_model(self.cache_dir)
         stub_dir = build_cuda_stub(self.cache_dir)
         if self.port == 0:
-            self.port = _free_port()
+            self.port = free_port()
         if self._log_path_arg is None:
             fd, name = tempfile.mkstemp(prefix=f"sglang-cpu-{self.port}-", suffix=".log")
             os.close(fd)
@@ -236,7 +236,7 @@ class CpuServer:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
         self.process = None
-        leftover = _session_pids(sid)
+        leftover = session_pids(sid)
         if leftover:
             raise RuntimeError(f"server processes survived SIGKILL: {leftover}")
 
@@ -263,7 +263,7 @@ class CpuServer:
         deadline = time.monotonic() + timeout
         while True:
             proc.poll()
-            if proc.returncode is not None and not _session_pids(sid):
+            if proc.returncode is not None and not session_pids(sid):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -319,6 +319,32 @@ def image_message(question: str, images: Sequence[str], image_first: bool = True
     return {"role": "user", "content": content}
 
 
+def chat_request(
+    messages: Sequence[Mapping[str, Any]],
+    max_tokens: int = 8,
+    *,
+    stream: bool = True,
+    rid: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The one ``/v1/chat/completions`` body every client here sends: greedy, and when streamed, with
+    ``stream_options.include_usage`` so token counts come from ``usage``. ``rid`` pins SGLang's request
+    id (else the server picks one); ``extra`` adds fields (e.g. ``ignore_eos=True``)."""
+    body: dict[str, Any] = {
+        "model": "default",
+        "messages": list(messages),
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if rid is not None:
+        body["rid"] = rid
+    body.update(extra)
+    return body
+
+
 def stream_chat(
     base_url: str,
     messages: Sequence[Mapping[str, Any]],
@@ -334,16 +360,7 @@ def stream_chat(
     url = urlsplit(base_url)
     if url.scheme != "http" or url.hostname is None:
         raise ValueError(f"expected an http:// base URL, got {base_url!r}")
-    body = json.dumps(
-        {
-            "model": "default",
-            "messages": list(messages),
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode("utf-8")
+    body = json.dumps(chat_request(messages, max_tokens)).encode("utf-8")
     conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout)
     try:
         conn.request(
@@ -377,4 +394,12 @@ def stream_chat(
     return chunks, usage, raw
 
 
-__all__ = ["DEFAULT_HEALTH_TIMEOUT_S", "CpuServer", "image_message", "stream_chat"]
+__all__ = [
+    "DEFAULT_HEALTH_TIMEOUT_S",
+    "CpuServer",
+    "chat_request",
+    "free_port",
+    "image_message",
+    "session_pids",
+    "stream_chat",
+]

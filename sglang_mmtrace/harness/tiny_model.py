@@ -4,7 +4,6 @@ No model can be downloaded in tests, so the checkpoint is generated: real Qwen3-
 and real special-token ids (SGLang's Qwen-VL code keys on them), but 2 layers of width 128 and a
 locally trained byte-level BPE tokenizer. Builds are deterministic for a given seed and library
 versions, and cached: a ``.complete`` marker written last tells a finished build from a partial.
-See ``research/cpu-harness.md`` for the measured facts behind every number here.
 """
 
 from __future__ import annotations

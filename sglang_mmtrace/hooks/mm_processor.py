@@ -93,7 +93,7 @@ def _decode_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     if trace is None:
         return
     attrs: dict[str, Any] = {}
-    size = _image_size(result)
+    size = image_size(result)
     if size is not None:
         attrs = {"width": size[0], "height": size[1]}
         snapshot = arg(args, kwargs, 0, "snapshot")
@@ -103,7 +103,10 @@ def _decode_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     trace.add("mm.decode", t0, t1, attrs)
 
 
-def _image_size(media: Any) -> tuple[int, int] | None:
+def image_size(media: Any) -> tuple[int, int] | None:
+    """(width, height) of a decoded image: a PIL image, or a CHW tensor from a GPU (nvJPEG) decode.
+
+    Shared with ``mm_processor_legacy``: both SGLang paths decode to the same kinds of object."""
     size = getattr(media, "size", None)
     if isinstance(size, tuple) and len(size) == 2:
         return int(size[0]), int(size[1])

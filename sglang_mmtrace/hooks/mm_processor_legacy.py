@@ -32,6 +32,7 @@ from typing import Any
 from .. import config, switch
 from ..context import ApiTrace, current_trace
 from .base import HookSpec, arg, interval
+from .mm_processor import image_size
 
 _tls = threading.local()
 
@@ -66,16 +67,6 @@ current_mm: contextvars.ContextVar[_MmReq | None] = contextvars.ContextVar("mmtr
 def _trace() -> ApiTrace | None:
     req = current_mm.get()
     return req.trace if req is not None else current_trace.get()
-
-
-def _image_size(media: Any) -> tuple[int, int] | None:
-    size = getattr(media, "size", None)
-    if isinstance(size, tuple) and len(size) == 2:
-        return int(size[0]), int(size[1])
-    shape = getattr(media, "shape", None)  # CHW tensor from an nvJPEG decode
-    if shape is not None and len(shape) == 3:
-        return int(shape[2]), int(shape[1])
-    return None
 
 
 def _traced_rid(instance: Any, args: tuple, kwargs: dict) -> str | None:
@@ -179,7 +170,7 @@ def _load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     trace = _trace()
     if trace is None:
         return
-    size = _image_size(result)
+    size = image_size(result)
     nbytes = sum(n for _, _, n in fetched)
     decode_from = t0
     if fetched:
@@ -246,7 +237,7 @@ def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     for i, tokens in enumerate(visual):
         img = loaded[i] if i < len(loaded) else None
         known = req.loaded.get(id(img)) if req is not None and img is not None else None
-        size = (known[1], known[2]) if known else (_image_size(img) or (0, 0))
+        size = (known[1], known[2]) if known else (image_size(img) or (0, 0))
         images.append(
             {
                 "width": size[0],

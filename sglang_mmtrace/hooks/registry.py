@@ -22,6 +22,8 @@ from .base import HookSpec
 
 HOOKS: dict[str, HookSpec] = {}
 PART_OF: dict[str, str | None] = {}
+MODULE_OF: dict[str, str] = {}
+"""hook id -> the hook module's name (``mm_processor``): the README's stage table names it."""
 """hook id -> the switch part that gates it (None: set-up hooks, never gated)."""
 for _module in (
     http_server,
@@ -41,4 +43,5 @@ for _module in (
     detokenizer_legacy,
 ):
     HOOKS.update(_module.HOOKS)
+    MODULE_OF.update(dict.fromkeys(_module.HOOKS, _module.__name__.rpartition(".")[2]))
     PART_OF.update({hook_id: _module.PART if spec.gated else None for hook_id, spec in _module.HOOKS.items()})

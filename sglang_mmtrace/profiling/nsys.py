@@ -181,7 +181,9 @@ def summary(ranges: list[Range], records: list[dict[str, Any]]) -> dict[str, Any
     per_stage: dict[str, dict[str, Any]] = {}
     for stage in DISPLAY_ORDER:
         rs = [r for r in ranges if r.stage == stage and (not rids or rids & set(r.rids) or not r.rids)]
-        durs = [s["dur_s"] for rec in records for s in rec["stages"] if s["name"] == stage and not s["attrs"].get("skipped")]
+        durs = [
+            s["dur_s"] for rec in records for s in rec["stages"] if s["name"] == stage and not s["attrs"].get("skipped")
+        ]
         if not rs and not durs:
             continue
         gpu = [g for r in rs if (g := r.gpu_span_s()) is not None]
@@ -207,7 +209,11 @@ def summary(ranges: list[Range], records: list[dict[str, Any]]) -> dict[str, Any
                 "event_p50_s": statistics.median(a.event_s for a in rows),
                 "kernel_p50_s": statistics.median(a.kernel_s for a in rows),
             }
-    return {"stages": per_stage, "cuda_event_vs_kernels": checks, "unknown_stages": sorted({r.stage for r in ranges} - set(STAGES))}
+    return {
+        "stages": per_stage,
+        "cuda_event_vs_kernels": checks,
+        "unknown_stages": sorted({r.stage for r in ranges} - set(STAGES)),
+    }
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from ..analysis import (
     format_ratio,
     group_records,
     is_ok,
-    percentile,
+    quantile,
     report_group,
     summarize,
     unattributed_s,
@@ -76,9 +76,9 @@ def stacked_segments(recs: list[dict[str, Any]]) -> list[tuple[str, float]]:
     """
     per_req = [exclusive_times(r) for r in recs]
     names = sorted({n for t in per_req for n in t if n != ROOT}, key=lambda n: DISPLAY_ORDER.get(n, 999))
-    segs = [(n, percentile([t.get(n, 0.0) for t in per_req], 0.5)) for n in names]
+    segs = [(n, quantile([t.get(n, 0.0) for t in per_req], 0.5)) for n in names]
     segs = [(n, v) for n, v in segs if v > 0]
-    rest = percentile([unattributed_s(r) for r in recs], 0.5)
+    rest = quantile([unattributed_s(r) for r in recs], 0.5)
     if rest > 0:
         segs.append((UNATTRIBUTED, rest))
     return segs

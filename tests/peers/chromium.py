@@ -1,7 +1,7 @@
 """Run Debian's headless ``chromium`` on a local file: screenshot and serialized DOM.
 
 Every call gets a fresh profile folder and the flags that keep Chromium off the network and away
-from a GPU (``../shared/research/tooling-facts.md``); ``tests/run.sh`` installs the package.
+from a GPU; ``tests/run.sh`` installs the package.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The NVTX v3 headers come from the installed NVIDIA wheels (``nvidia/cu13/include/nvtx3`` next to
 the CUDA torch that SGLang 0.5.23 pins, or ``nvidia/nvtx/include/nvtx3`` of ``nvidia-nvtx-cu12``);
-the ``nvtx`` Python package ships none. See ``shared/research/nvtx-capture.md``.
+the ``nvtx`` Python package ships none.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """CPU-only shims that let the real SGLang server start without a GPU (test harness only).
 
-Two shims, both explained in ``research/cpu-harness.md``:
+Two shims:
 
 * ``cuda_stub.c``: a stub ``libcuda.so.1`` so sgl-kernel's CUDA extension can be dlopen'ed.
 * ``sitecustomize.py``: placeholders for ``torch.ops.sgl_kernel.*_cpu`` names that SGLang looks

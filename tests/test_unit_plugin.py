@@ -1,0 +1,93 @@
+"""Lifecycle, with no server: ``install()`` twice is one install; ``uninstall()`` undoes all of it.
+
+Runs the API-process install in this process (the real SGLang 0.5.23 targets, the real collector
+process), then checks what is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sglang_mmtrace import config, nvtx_ranges, plugin, runtime, switch, telemetry
+from sglang_mmtrace.context import ApiTrace
+
+
+def _raw(res):
+    """The attribute as its owner holds it (a wrapt wrapper while hooked, the original when not)."""
+    return vars(res.owner)[res.attr]
+
+
+@pytest.fixture
+def api_install(monkeypatch):
+    monkeypatch.setenv("SGLANG_MMTRACE", "1")
+    for name in plugin._COLLECTOR_ENV:
+        monkeypatch.delenv(name, raising=False)
+    config.reset()
+    assert runtime.role is None and runtime.collector is None
+    try:
+        yield
+    finally:
+        plugin.uninstall()
+        config.reset()
+
+
+def test_install_twice_is_one_install(api_install):
+    assert plugin.install(role=plugin.API) == plugin.API
+    collector, applied, undo = runtime.collector, list(runtime.applied), list(runtime.uninstallers)
+    assert collector is not None and collector.process.poll() is None
+    assert applied and undo  # wrapped functions, and the HTTP middleware
+    assert all(_raw(a.resolved) is not a.resolved.original for a in applied)
+    address = os.environ[plugin.ev.SGLANG_MMTRACE_COLLECTOR]
+
+    assert plugin.install(role=plugin.API) == plugin.API
+    assert runtime.collector is collector and os.environ[plugin.ev.SGLANG_MMTRACE_COLLECTOR] == address
+    assert runtime.applied == applied and runtime.uninstallers == undo
+    assert len({a.target for a in runtime.applied}) == len(runtime.applied)  # each target wrapped once
+
+
+def test_uninstall_restores_the_originals_and_stops_the_collector(api_install):
+    plugin.install(role=plugin.API)
+    applied, collector = list(runtime.applied), runtime.collector
+    app = next(a for a in plugin.load_manifest("0.5.23").for_process(plugin.API) if a.hook_id == "http_server.app")
+    app_obj = plugin.resolve(app.target).original
+    middleware_before = len(app_obj.user_middleware)
+
+    plugin.uninstall()
+    assert all(_raw(a.resolved) is a.resolved.original for a in applied)
+    assert all(getattr(mod, name) is a.resolved.original for a in applied for mod, name in a.rebound)
+    assert len(app_obj.user_middleware) == middleware_before - 1
+    assert collector.process.poll() is not None, "the collector process is still running"
+    assert not any(name in os.environ for name in plugin._COLLECTOR_ENV)
+    assert nvtx_ranges._follow_switch not in switch.LISTENERS
+    assert (runtime.role, runtime.collector, runtime.applied, runtime.uninstallers) == (None, None, [], [])
+    dropped = telemetry.dropped["collector"]
+    collector.finish(ApiTrace("in-flight", None, "m", 0.0))  # a request finishing after uninstall: no error
+    assert telemetry.dropped["collector"] == dropped + 1
+
+    assert plugin.install(role=plugin.API) == plugin.API  # and it can be installed again
+    assert runtime.collector is not None and runtime.collector is not collector
+    assert all(_raw(a.resolved) is not a.resolved.original for a in runtime.applied)
+
+
+def test_a_scheduler_keeps_one_outbox_over_reinstalls(api_install, monkeypatch, tmp_path):
+    """The outbox's control thread has no stop: uninstall leaves it idle and the next install reuses it."""
+    import threading
+
+    monkeypatch.setenv(plugin.ev.SGLANG_MMTRACE_COLLECTOR, f"ipc://{tmp_path}/events")
+    monkeypatch.setattr(runtime, "outbox", None)  # this process's outbox is the test's, not later tests'
+
+    def outbox_threads():
+        return [t for t in threading.enumerate() if t.name == "mmtrace-outbox"]
+
+    before = len(outbox_threads())
+    assert plugin.install(role=plugin.SCHEDULER) == plugin.SCHEDULER
+    outbox = runtime.outbox
+    assert outbox is not None and runtime.applied and runtime.collector is None
+    plugin.install(role=plugin.SCHEDULER)
+    applied = list(runtime.applied)
+    plugin.uninstall()
+    assert all(_raw(a.resolved) is a.resolved.original for a in applied)
+    plugin.install(role=plugin.SCHEDULER)
+    assert runtime.outbox is outbox and len(outbox_threads()) <= before + 1
