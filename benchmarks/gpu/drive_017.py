@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from sglang_mmtrace.analysis import format_table, read_jsonl, summarize
+from sglang_mmtrace.analysis import format_table, quantile, read_jsonl, summarize
 from sglang_mmtrace.bench.records import RecordsTail
 from sglang_mmtrace.cli.demo import KINDS, reference_requests
 from sglang_mmtrace.harness import stream_chat
@@ -228,14 +228,14 @@ def summarize_run(summary: dict[str, Any], records: list[dict[str, Any]]) -> Non
     table = {k: table[k] for k in KINDS if k in table}
     summary["table"] = table
     covs = sorted(r["coverage"] for r in ours if r["status"] == "ok")
-    summary["coverage"] = {"n": len(covs), "min": covs[0], "median": covs[len(covs) // 2]} if covs else None
+    summary["coverage"] = {"n": len(covs), "min": covs[0], "median": quantile(covs, 0.5)} if covs else None
     summary["statuses"] = {s: sum(1 for r in ours if r["status"] == s) for s in {r["status"] for r in ours}}
     gpu_clock = {s["name"]: s["clock"] for r in ours for s in r["stages"] if s["clock"] == "cuda"}
     summary["cuda_clock_stages"] = sorted(gpu_clock)
     print(f"== {summary['label']}: {len(ours)}/{len(kinds)} records, statuses {summary['statuses']}")
     print(format_table(table))
     if covs:
-        print(f"coverage: min {covs[0]:.3f}, median {covs[len(covs) // 2]:.3f}")
+        print(f"coverage: min {covs[0]:.3f}, median {quantile(covs, 0.5):.3f}")
     print(f"stages with clock=cuda: {summary['cuda_clock_stages']}")
     print("cached tokens, usage vs record (first round):")
     for row in rows[: len(KINDS)]:

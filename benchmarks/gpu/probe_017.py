@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sglang_mmtrace.analysis import quantile
 from sglang_mmtrace.bench import procs, switchctl
 from sglang_mmtrace.bench.client import timed_chat
 from sglang_mmtrace.bench.experiments import QUESTION
@@ -147,7 +148,7 @@ def main() -> int:
                 "block": b,
                 "arm": arm,
                 "requests": n,
-                "ttft_p50_ms": {k: round(sorted(v)[len(v) // 2] * 1000, 3) for k, v in ttft.items()},
+                "ttft_p50_ms": {k: round(quantile(v, 0.5) * 1000, 3) for k, v in ttft.items()},
                 "processes": {r: diff(before[r], after[r], n) for r in after if r in before},
             }
             blocks.append(block)

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from sglang_mmtrace.analysis import quantile
 from sglang_mmtrace.bench import procs, switchctl
 from sglang_mmtrace.bench.client import timed_chat
 from sglang_mmtrace.bench.experiments import QUESTION
@@ -96,7 +97,7 @@ def main() -> int:
                     time.sleep(0.06)
             for p in spies:
                 p.wait(timeout=60)
-            med = {k: (sorted(v)[len(v) // 2] * 1000 if v else None) for k, v in ttft.items()}
+            med = {k: (quantile(v, 0.5) * 1000 if v else None) for k, v in ttft.items()}
             windows.append({"window": w, "arm": arm, "sent": sent, "ttft_p50_ms": med})
             log(f"window {w} ({arm}): {sent} TTFT p50 ms {med}")
             (out / "windows.json").write_text(json.dumps(windows, indent=1))

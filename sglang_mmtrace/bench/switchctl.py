@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..analysis import quantile
 from ..switch import PARTS
 from .client import host_port
 
@@ -158,7 +159,7 @@ class Flipper:
         return {
             "flips": self.flips,
             "settle_waits": len(w),
-            "settle_ms_median": round(w[len(w) // 2] * 1e3, 2) if w else None,
+            "settle_ms_median": round(quantile(w, 0.5) * 1e3, 2) if w else None,
             "settle_ms_max": round(w[-1] * 1e3, 2) if w else None,
             "settle_timeouts": self.settle_timeouts,
         }

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..analysis import format_table, summarize
+from ..analysis import format_table, quantile, summarize
 from ..bench.records import RecordsTail
 
 QUESTION = "What is in this image?"
@@ -87,5 +87,5 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(summary))
         covs = sorted(r["coverage"] for r in ours if r["status"] == "ok")
         if covs:
-            print(f"coverage over {len(covs)} reference requests: min {covs[0]:.3f}, median {covs[len(covs) // 2]:.3f}")
+            print(f"coverage over {len(covs)} reference requests: min {covs[0]:.3f}, median {quantile(covs, 0.5):.3f}")
     return 0

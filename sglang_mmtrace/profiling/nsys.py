@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis import quantile
 from ..nvtx_ranges import DOMAIN
 from ..stages import DISPLAY_ORDER, STAGES
 
@@ -204,7 +205,7 @@ def summary(ranges: list[Range], records: list[dict[str, Any]]) -> dict[str, Any
             checks[stage] = {
                 "n": len(rows),
                 "within_tolerance": sum(a.ok for a in rows),
-                "abs_err_p50_s": errs[len(errs) // 2],
+                "abs_err_p50_s": quantile(errs, 0.5),
                 "abs_err_max_s": errs[-1],
                 "event_p50_s": statistics.median(a.event_s for a in rows),
                 "kernel_p50_s": statistics.median(a.kernel_s for a in rows),
