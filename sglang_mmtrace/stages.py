@@ -52,6 +52,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         API,
         "preprocessing-artifact cache lookup (attr result: hit, miss, off)",
         parent="mm.process",
+        per_image=True,
     ),
     Stage("mm.decode", API, "per image: PNG/JPEG decode", parent="mm.process", per_image=True),
     Stage(
@@ -60,6 +61,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         "resize, rescale, normalize (GPU-timed when it runs on the GPU)",
         parent="mm.process",
         gpu_timed=True,
+        per_image=True,
     ),
     Stage("mm.expand", API, "placeholder expansion into visual positions, M-RoPE positions", parent="mm.process"),
     Stage(
