@@ -169,10 +169,10 @@ def hook(hook_id: str, kind: str = "sync") -> Callable[..., Any]:
     return mpl.HOOKS[hook_id].make(kind)
 
 
-RESIZE = "mm_processor.resize_normalize_legacy"
-IPC = "transport.cuda_ipc_legacy"
-COMBINE = "mm_processor.combine_legacy"
-REQUEST = "mm_processor.request_legacy"
+RESIZE = "mm_processor_legacy.resize_normalize"
+IPC = "mm_processor_legacy.cuda_ipc"
+COMBINE = "mm_processor_legacy.combine"
+REQUEST = "mm_processor_legacy.request"
 
 
 def processor(gpu_id: int = 0) -> SimpleNamespace:
@@ -602,13 +602,13 @@ def run_prefill_batch(cuda: FakeCuda, log: list[str]) -> tuple[Any, Any, list[Re
 
     def routine(input_ids: Any, fb: Any) -> str:
         cuda.gpu_work(0.2)
-        mm_embedding_legacy.HOOKS["mm_embedding.embed_legacy"].make("sync")(embed_mm_inputs, None, (), {})
+        mm_embedding_legacy.HOOKS["mm_embedding_legacy.embed"].make("sync")(embed_mm_inputs, None, (), {})
         cuda.gpu_work(3.0)
         return "logits"
 
     def forward(fb: Any) -> str:
         log.append("forward")
-        return mm_embedding_legacy.HOOKS["mm_embedding.routine_legacy"].make("sync")(routine, None, ([0], fb), {})
+        return mm_embedding_legacy.HOOKS["mm_embedding_legacy.routine"].make("sync")(routine, None, ([0], fb), {})
 
     def run_batch(b: Any) -> str:
         model_runner.HOOKS["model_runner.forward"].make("sync")(forward, None, (forward_batch,), {})

@@ -39,7 +39,7 @@ def test_every_measuring_hook_has_a_part_and_set_up_hooks_have_none():
     assert {h for h, p in PART_OF.items() if p is None} == {
         "tokenizer_manager.init",
         "mm_processor.init",
-        "detokenizer.bootstrap_legacy",
+        "detokenizer_legacy.bootstrap",
     }
     assert {p for p in PART_OF.values() if p is not None} <= set(switch.PARTS)
 

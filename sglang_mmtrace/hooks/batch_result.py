@@ -110,7 +110,7 @@ def _stream_make(kind: str) -> Wrapper:
     timestamp, nothing that can raise (as ``scheduler.recv_requests``).
     """
     if kind != "sync":
-        raise ValueError(f"output_streamer.stream_output: no wrapper for kind {kind!r}")
+        raise ValueError(f"batch_result.stream_output: no wrapper for kind {kind!r}")
 
     def wrapper(wrapped, instance, args, kwargs):
         try:
@@ -124,6 +124,6 @@ def _stream_make(kind: str) -> Wrapper:
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "output_streamer.stream_output": HookSpec("output_streamer.stream_output", make=_stream_make),
+    "batch_result.stream_output": HookSpec("batch_result.stream_output", make=_stream_make),
     "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=("scheduler.output", _output_detail)),
 }

@@ -30,7 +30,7 @@ def detok_entry(original: Any, *args: Any, **kwargs: Any) -> Any:
 
         plugin.install(role=plugin.DETOKENIZER)
     except Exception as exc:  # never keep the detokenizer from starting
-        contained("detokenizer.bootstrap_legacy", exc)
+        contained("detokenizer_legacy.bootstrap", exc)
     return original(*args, **kwargs)
 
 
@@ -49,7 +49,7 @@ def _swap(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def _make(kind: str) -> Wrapper:
-    component = "detokenizer.bootstrap_legacy"
+    component = "detokenizer_legacy.bootstrap"
     if kind != "sync":
         raise ValueError(f"{component}: expected a sync target, got {kind}")
 
@@ -65,5 +65,5 @@ def _make(kind: str) -> Wrapper:
 PART = "detokenizer"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "detokenizer.bootstrap_legacy": HookSpec("detokenizer.bootstrap_legacy", make=_make, gated=False),
+    "detokenizer_legacy.bootstrap": HookSpec("detokenizer_legacy.bootstrap", make=_make, gated=False),
 }
