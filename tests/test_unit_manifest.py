@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_mmtrace.hooks.registry import HOOKS, MODULE_OF
+from sglang_mmtrace.hooks.registry import HOOKS, MODULE_OF, PROCESS_OF
 from sglang_mmtrace.manifest import load
 from sglang_mmtrace.package import SUPPORTED_VERSIONS
 from sglang_mmtrace.stages import STAGES, contract_stage_names, core_stage_names
@@ -38,6 +38,13 @@ def test_every_hook_id_names_its_module():
         prefix, _, what = hook_id.partition(".")
         assert prefix == module and what, (hook_id, module)
         assert HOOKS[hook_id].component == hook_id, (hook_id, HOOKS[hook_id].component)
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_every_hook_module_sits_under_the_process_its_manifest_applies_it_in(version):
+    # hooks/api/, hooks/scheduler/, hooks/detokenizer/: the layout says where each hook runs.
+    for entry in load(version).hooks:
+        assert PROCESS_OF[entry.hook_id] == entry.process, (entry.hook_id, PROCESS_OF[entry.hook_id], entry.process)
 
 
 def test_every_contract_stage_has_a_target_on_the_primary_version():

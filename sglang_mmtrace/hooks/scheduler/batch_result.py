@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import nvtx_ranges
-from .. import scheduler_state as ss
-from .base import HookSpec, Wrapper, arg, interval
+from ...sinks import nvtx
+from ..base import HookSpec, Wrapper, arg, interval
+from . import state as ss
 
 
 def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
@@ -100,7 +100,7 @@ def _has_output(req: Any) -> bool:
 def _output_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     batch = arg(args, kwargs, 0, "batch")
     rids = [r.rid for r in batch.reqs if getattr(getattr(r, "_mmtrace", None), "fwd", None) is not None]
-    return nvtx_ranges.rids_detail(rids) if rids else None
+    return nvtx.rids_detail(rids) if rids else None
 
 
 def _stream_make(kind: str) -> Wrapper:

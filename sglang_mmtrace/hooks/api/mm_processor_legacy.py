@@ -29,9 +29,9 @@ import contextvars
 import threading
 from typing import Any
 
-from .. import config, switch
-from ..context import ApiTrace, current_trace
-from .base import HookSpec, arg, interval
+from ... import config, switch
+from ...join.context import ApiTrace, current_trace
+from ..base import HookSpec, arg, interval
 from .mm_processor import image_size
 
 _tls = threading.local()

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import scheduler_state as ss
+from ..base import HookSpec, Wrapper, arg, guarded
 from . import mm_embedding
-from .base import HookSpec, Wrapper, arg, guarded
+from . import state as ss
 from .model_runner import marked
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..telemetry import contained
-from .base import HookSpec, Wrapper, guarded
+from ...telemetry import contained
+from ..base import HookSpec, Wrapper, guarded
 
 _ARG = "run_detokenizer_process_func"
 _POS = 2  # (server_args, port_args, run_detokenizer_process_func)
@@ -26,7 +26,7 @@ _POS = 2  # (server_args, port_args, run_detokenizer_process_func)
 def detok_entry(original: Any, *args: Any, **kwargs: Any) -> Any:
     """Runs in the spawned detokenizer: install the plugin there, then the original entry."""
     try:
-        from .. import plugin
+        from ... import plugin
 
         plugin.install(role=plugin.DETOKENIZER)
     except Exception as exc:  # never keep the detokenizer from starting
