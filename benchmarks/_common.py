@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sglang_mmtrace.analysis import quantile
 from sglang_mmtrace.bench.stats import bootstrap_median_ci
+from sglang_mmtrace.report.analysis import quantile
 
 __all__ = ["RESULTS", "ROOT", "bootstrap_median_ci", "machine", "quantile"]
 

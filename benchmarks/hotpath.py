@@ -342,7 +342,7 @@ def build_api(traced: bool, steps: int) -> Callable[[bool], Callable[[], Any]]:
 
     entry: Any = app
     if traced:
-        from sglang_mmtrace.hooks.http_server import MmtraceMiddleware
+        from sglang_mmtrace.hooks.api.http_server import MmtraceMiddleware
 
         entry = MmtraceMiddleware(app)
 
@@ -387,7 +387,7 @@ def build_api(traced: bool, steps: int) -> Callable[[bool], Callable[[], Any]]:
 
 def build_api_decode(traced: bool, n: int) -> Callable[[], Callable[[], Any]]:
     """``_handle_batch_output`` with ``n`` rids, all live and past their first output (steady decode)."""
-    from sglang_mmtrace.context import LIVE, ApiTrace, HttpCtx
+    from sglang_mmtrace.join.context import LIVE, ApiTrace, HttpCtx
 
     class TokenizerManager:
         async def _handle_batch_output(self, recv_obj):
@@ -444,7 +444,7 @@ def build_sse_chunks(traced: bool, chunks: int) -> Callable[[], Callable[[], Any
 
     entry: Any = app
     if traced:
-        from sglang_mmtrace.hooks.http_server import MmtraceMiddleware
+        from sglang_mmtrace.hooks.api.http_server import MmtraceMiddleware
 
         entry = MmtraceMiddleware(app)
 
@@ -460,8 +460,8 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
     import zmq
 
     from sglang_mmtrace import runtime, telemetry
-    from sglang_mmtrace.collector_client import CollectorClient
-    from sglang_mmtrace.context import LIVE
+    from sglang_mmtrace.join.client import CollectorClient
+    from sglang_mmtrace.join.context import LIVE
 
     # The real collector process (no sinks configured: the join runs, nothing is written).
     collector = CollectorClient("0.5.23")
@@ -689,7 +689,7 @@ def build_scheduler(traced: bool) -> tuple[Callable[[bool], Callable[[], Any]], 
     def decode(n: int) -> Callable[[], Callable[[], Any]]:
         reqs = [Req(rid(), None) for _ in range(n)]
         if traced:
-            from sglang_mmtrace.scheduler_state import ReqTrace
+            from sglang_mmtrace.hooks.scheduler.state import ReqTrace
 
             for req in reqs:
                 req._mmtrace = ReqTrace(0.0, 0.0, req.rid)
@@ -737,7 +737,7 @@ def drain(sock: Any) -> tuple[int, int]:
 
 def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
     from sglang_mmtrace import runtime, telemetry
-    from sglang_mmtrace.outbox import Outbox
+    from sglang_mmtrace.join.outbox import Outbox
 
     sock, address = bind_pull()
     runtime.outbox = Outbox(address, "scheduler")
@@ -841,7 +841,7 @@ def build_detokenizer(traced: bool) -> tuple[Callable[[], Callable[[], Any]], Ca
 
 def run_detokenizer(args: argparse.Namespace) -> dict[str, Any]:
     from sglang_mmtrace import runtime, telemetry
-    from sglang_mmtrace.outbox import Outbox
+    from sglang_mmtrace.join.outbox import Outbox
 
     sock, address = bind_pull()
     runtime.outbox = Outbox(address, "detokenizer")

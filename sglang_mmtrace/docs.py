@@ -7,9 +7,9 @@ function each hook wraps) and the hook registry (which module implements the hoo
 
 from __future__ import annotations
 
-from .collector import JOINED_STAGES
 from .environment_variables import VARIABLES
-from .hooks.registry import MODULE_OF
+from .hooks.registry import MODULE_OF, PROCESS_OF
+from .join.collector import JOINED_STAGES
 from .manifest import load
 from .package import PRIMARY_VERSION
 from .stages import _CATALOGUE
@@ -23,11 +23,13 @@ CONFIG_END = "<!-- config:end -->"
 
 def measured_by() -> dict[str, str]:
     """stage -> the hooks that measure it on the primary version, as ``module`` wraps ``Class.method``."""
-    wraps: dict[str, dict[str, list[str]]] = {}  # stage -> hook module -> wrapped functions
+    wraps: dict[str, dict[str, list[str]]] = {}  # stage -> hook module (process/name) -> wrapped functions
     for entry in load(PRIMARY_VERSION).hooks:
         function = ".".join(entry.target.split(".")[-2:])
         for stage in entry.stages:
-            wraps.setdefault(stage, {}).setdefault(MODULE_OF[entry.hook_id], []).append(f"`{function}`")
+            wraps.setdefault(stage, {}).setdefault(
+                f"{PROCESS_OF[entry.hook_id]}/{MODULE_OF[entry.hook_id]}", []
+            ).append(f"`{function}`")
     out = {
         stage: "; ".join(f"`hooks/{module}.py` wraps {', '.join(fns)}" for module, fns in modules.items())
         for stage, modules in wraps.items()

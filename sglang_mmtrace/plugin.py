@@ -116,20 +116,20 @@ def _install(role: str | None) -> str | None:
             runtime.role = role
             return role
         if runtime.outbox is None:  # kept over uninstall() (its thread has no stop): reused
-            from .outbox import Outbox
+            from .join.outbox import Outbox
 
             runtime.outbox = Outbox(address, role, os.environ.get(ev.SGLANG_MMTRACE_CONTROL))
             runtime.outbox.start()
-    from . import nvtx_ranges
+    from .sinks import nvtx
 
-    nvtx_ranges.setup()
+    nvtx.setup()
     _apply_hooks(manifest, role)
     runtime.role = role
     return role
 
 
 def _start_collector(version: str) -> None:
-    from .collector_client import CollectorClient
+    from .join.client import CollectorClient
 
     client = CollectorClient(version)
     runtime.collector = client
@@ -207,9 +207,9 @@ def uninstall() -> None:
     runtime.applied.clear()
     runtime.uninstallers.clear()
     runtime.missing.clear()
-    from . import nvtx_ranges
+    from .sinks import nvtx
 
-    nvtx_ranges.teardown()
+    nvtx.teardown()
     if runtime.collector is not None:
         runtime.collector.close()
         runtime.collector = None

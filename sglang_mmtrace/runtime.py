@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .collector_client import CollectorClient
-    from .outbox import Outbox
+    from .join.client import CollectorClient
+    from .join.outbox import Outbox
     from .patch import Applied
 
 role: str | None = None

@@ -24,7 +24,7 @@ from conftest import records, server_context, start_server, state
 from peers import nvtx as cap
 
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
-from sglang_mmtrace.nvtx_ranges import DOMAIN
+from sglang_mmtrace.sinks.nvtx import DOMAIN
 from sglang_mmtrace.stages import STAGES
 
 pytestmark = pytest.mark.server

@@ -26,9 +26,9 @@ from conftest import records, server_context
 from peers.chromium import dump_dom, parse_dom, screenshot
 from PIL import Image
 
-from sglang_mmtrace.analysis import exclusive_times, is_ok, quantile, request_kind
 from sglang_mmtrace.cli.main import main
 from sglang_mmtrace.harness import chat_request, data_url, image_message, make_image, stream_chat
+from sglang_mmtrace.report.analysis import exclusive_times, is_ok, quantile, request_kind
 from sglang_mmtrace.report.chrome_trace import PROCESS_PIDS
 from sglang_mmtrace.stages import DISPLAY_ORDER
 

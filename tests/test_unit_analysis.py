@@ -7,8 +7,8 @@ import statistics
 import numpy as np
 import pytest
 
-from sglang_mmtrace.analysis import quantile, summarize
 from sglang_mmtrace.bench.summary import variant_summary
+from sglang_mmtrace.report.analysis import quantile, summarize
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 20, 101])

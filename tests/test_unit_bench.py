@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from sglang_mmtrace.analysis import quantile
 from sglang_mmtrace.bench import ablation, overhead, procs, throughput
 from sglang_mmtrace.bench.client import _dechunk, _first_choices_seen, _sse_events, carries_choices
 from sglang_mmtrace.bench.experiments import Options
@@ -33,6 +32,7 @@ from sglang_mmtrace.bench.targets import parse_launch
 from sglang_mmtrace.cli import bench as bench_cli
 from sglang_mmtrace.cli.bench import parse_size
 from sglang_mmtrace.harness import chat_request
+from sglang_mmtrace.report.analysis import quantile
 
 
 def test_parse_launch_env_words_then_args() -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_mmtrace.collector import build_record
-from sglang_mmtrace.context import ApiTrace
-from sglang_mmtrace.record import StageEvent
+from sglang_mmtrace.join.collector import build_record
+from sglang_mmtrace.join.context import ApiTrace
+from sglang_mmtrace.join.record import StageEvent
 
 
 def trace_with_dispatch(transport_bytes: int) -> ApiTrace:

@@ -14,11 +14,11 @@ import pytest
 import zmq
 
 from sglang_mmtrace import switch
-from sglang_mmtrace.collector import Collector
-from sglang_mmtrace.collector_client import admin_request
 from sglang_mmtrace.config import Config
-from sglang_mmtrace.context import ApiTrace, HttpCtx, from_wire, to_wire
-from sglang_mmtrace.record import StageEvent
+from sglang_mmtrace.join.client import admin_request
+from sglang_mmtrace.join.collector import Collector
+from sglang_mmtrace.join.context import ApiTrace, HttpCtx, from_wire, to_wire
+from sglang_mmtrace.join.record import StageEvent
 
 
 def _trace(rid: str, dispatched: bool) -> ApiTrace:
@@ -203,7 +203,7 @@ def test_a_long_forward_keeps_its_early_events(monkeypatch: pytest.MonkeyPatch) 
     10 minutes (JIT compilation); they must still join its record (issue: the first request after
     start-up lost its scheduler stages, orphan-dropped while it ran). Driven on the caller's thread
     with a simulated clock; then events finished remotely but never claimed do expire."""
-    from sglang_mmtrace import collector as collector_mod
+    from sglang_mmtrace.join import collector as collector_mod
 
     clock = [1000.0]
     monkeypatch.setattr(collector_mod.time, "perf_counter", lambda: clock[0])
@@ -237,7 +237,7 @@ def test_a_lagging_collector_waits_for_its_peers_not_for_a_timer(monkeypatch: py
     the grace period with no scheduler stage). A record waits until every live peer's messages sent
     after the request ended were read (their watermarks), however late; a silent peer is not waited
     for beyond the grace period."""
-    from sglang_mmtrace import collector as collector_mod
+    from sglang_mmtrace.join import collector as collector_mod
 
     clock = [1000.0]
     monkeypatch.setattr(collector_mod.time, "perf_counter", lambda: clock[0])

@@ -7,7 +7,7 @@ import pytest
 
 from sglang_mmtrace import docs
 from sglang_mmtrace.cli import main as cli
-from sglang_mmtrace.collector import JOINED_STAGES
+from sglang_mmtrace.join.collector import JOINED_STAGES
 from sglang_mmtrace.stages import STAGES
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -28,13 +28,15 @@ from typing import Any
 import pytest
 import torch
 
-from sglang_mmtrace import config, nvtx_ranges, runtime, telemetry
-from sglang_mmtrace import scheduler_state as ss
-from sglang_mmtrace.collector import Collector
-from sglang_mmtrace.context import ApiTrace, current_trace
-from sglang_mmtrace.hooks import base, batch_result, mm_embedding, mm_embedding_legacy, model_runner, scheduler
-from sglang_mmtrace.hooks import mm_processor_legacy as mpl
-from sglang_mmtrace.record import StageEvent
+from sglang_mmtrace import config, runtime, telemetry
+from sglang_mmtrace.hooks import base
+from sglang_mmtrace.hooks.api import mm_processor_legacy as mpl
+from sglang_mmtrace.hooks.scheduler import batch_result, mm_embedding, mm_embedding_legacy, model_runner, scheduler
+from sglang_mmtrace.hooks.scheduler import state as ss
+from sglang_mmtrace.join.collector import Collector
+from sglang_mmtrace.join.context import ApiTrace, current_trace
+from sglang_mmtrace.join.record import StageEvent
+from sglang_mmtrace.sinks import nvtx
 
 HOST_STEP_S = 0.010
 """Each call of the fake ``perf_counter`` advances host time by this much."""
@@ -149,7 +151,7 @@ def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     monkeypatch.setattr(base, "now", host)
     monkeypatch.setattr(ss, "now", host)
     monkeypatch.setattr(mpl, "now", host, raising=False)
-    monkeypatch.setattr(nvtx_ranges, "domain", None)
+    monkeypatch.setattr(nvtx, "domain", None)
     errors_before = dict(telemetry.errors)
     yield fake
     config.reset()
@@ -169,10 +171,10 @@ def hook(hook_id: str, kind: str = "sync") -> Callable[..., Any]:
     return mpl.HOOKS[hook_id].make(kind)
 
 
-RESIZE = "mm_processor.resize_normalize_legacy"
-IPC = "transport.cuda_ipc_legacy"
-COMBINE = "mm_processor.combine_legacy"
-REQUEST = "mm_processor.request_legacy"
+RESIZE = "mm_processor_legacy.resize_normalize"
+IPC = "mm_processor_legacy.cuda_ipc"
+COMBINE = "mm_processor_legacy.combine"
+REQUEST = "mm_processor_legacy.request"
 
 
 def processor(gpu_id: int = 0) -> SimpleNamespace:
@@ -255,7 +257,7 @@ def test_resize_nvtx_range_sits_inside_the_events(
         def pop_range(self) -> None:
             log.append("pop")
 
-    monkeypatch.setattr(nvtx_ranges, "domain", Domain())
+    monkeypatch.setattr(nvtx, "domain", Domain())
     trace = ApiTrace("r1", None, "m", 0.0)
     fn = Wrapped("process_mm_data", cuda)
     in_trace(trace, lambda: hook(RESIZE)(fn, processor(), ("text", ["img"]), {}))
@@ -331,8 +333,8 @@ def test_mm_expand_is_one_stage_per_request_with_the_proc_part_as_an_attribute(c
 
 def test_a_zero_byte_handoff_after_the_cuda_ipc_copies_is_not_a_second_transport_stage() -> None:
     """0.5.17 with cuda_ipc: ``wrap_shm_features`` still runs in dispatch but moves nothing."""
-    from sglang_mmtrace.context import LIVE
-    from sglang_mmtrace.hooks import transport
+    from sglang_mmtrace.hooks.api import transport
+    from sglang_mmtrace.join.context import LIVE
 
     trace = ApiTrace("r1", None, "m", 0.0)
     trace.add("transport.prepare", 1.0, 1.2, {"mode": "cuda_ipc", "bytes": 4096, "tensors": 1})
@@ -602,13 +604,13 @@ def run_prefill_batch(cuda: FakeCuda, log: list[str]) -> tuple[Any, Any, list[Re
 
     def routine(input_ids: Any, fb: Any) -> str:
         cuda.gpu_work(0.2)
-        mm_embedding_legacy.HOOKS["mm_embedding.embed_legacy"].make("sync")(embed_mm_inputs, None, (), {})
+        mm_embedding_legacy.HOOKS["mm_embedding_legacy.embed"].make("sync")(embed_mm_inputs, None, (), {})
         cuda.gpu_work(3.0)
         return "logits"
 
     def forward(fb: Any) -> str:
         log.append("forward")
-        return mm_embedding_legacy.HOOKS["mm_embedding.routine_legacy"].make("sync")(routine, None, ([0], fb), {})
+        return mm_embedding_legacy.HOOKS["mm_embedding_legacy.routine"].make("sync")(routine, None, ([0], fb), {})
 
     def run_batch(b: Any) -> str:
         model_runner.HOOKS["model_runner.forward"].make("sync")(forward, None, (forward_batch,), {})

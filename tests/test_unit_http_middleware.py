@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sglang_mmtrace import runtime
-from sglang_mmtrace.hooks.http_server import MmtraceMiddleware
+from sglang_mmtrace.hooks.api.http_server import MmtraceMiddleware
 
 
 class NotingCollector:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_mmtrace.hooks.registry import HOOKS
+from sglang_mmtrace.hooks.registry import HOOKS, MODULE_OF, PROCESS_OF
 from sglang_mmtrace.manifest import load
 from sglang_mmtrace.package import SUPPORTED_VERSIONS
 from sglang_mmtrace.stages import STAGES, contract_stage_names, core_stage_names
@@ -28,6 +28,23 @@ def test_manifest_hooks_have_implementations_and_known_stages(version):
         assert entry.kind in {"sync", "async", "asyncgen", "asgi"}
         for stage in entry.stages:
             assert stage in STAGES, (entry.hook_id, stage)
+
+
+def test_every_hook_id_names_its_module():
+    # `<module file stem>.<what>`: the id says which file implements it (and is the component that
+    # SGLANG_MMTRACE_TEST_RAISE / _STALL and the contained-error counters name).
+    assert set(MODULE_OF) == set(HOOKS)
+    for hook_id, module in MODULE_OF.items():
+        prefix, _, what = hook_id.partition(".")
+        assert prefix == module and what, (hook_id, module)
+        assert HOOKS[hook_id].component == hook_id, (hook_id, HOOKS[hook_id].component)
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_every_hook_module_sits_under_the_process_its_manifest_applies_it_in(version):
+    # hooks/api/, hooks/scheduler/, hooks/detokenizer/: the layout says where each hook runs.
+    for entry in load(version).hooks:
+        assert PROCESS_OF[entry.hook_id] == entry.process, (entry.hook_id, PROCESS_OF[entry.hook_id], entry.process)
 
 
 def test_every_contract_stage_has_a_target_on_the_primary_version():

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_mmtrace.analysis import read_jsonl
 from sglang_mmtrace.profiling.nsys import GPU_COMPARED, compare, read_ranges, summary
+from sglang_mmtrace.report.analysis import read_jsonl
 
 RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-h200-0.5.17"
 

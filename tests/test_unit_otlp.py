@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sglang_mmtrace.record import EmitContext
+from sglang_mmtrace.join.record import EmitContext
 from sglang_mmtrace.sinks.otlp import OtlpSink
 
 

@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from sglang_mmtrace import config, nvtx_ranges, plugin, runtime, switch, telemetry
-from sglang_mmtrace.context import ApiTrace
+from sglang_mmtrace import config, plugin, runtime, switch, telemetry
+from sglang_mmtrace.join.context import ApiTrace
+from sglang_mmtrace.sinks import nvtx
 
 
 def _raw(res):
@@ -60,7 +61,7 @@ def test_uninstall_restores_the_originals_and_stops_the_collector(api_install):
     assert len(app_obj.user_middleware) == middleware_before - 1
     assert collector.process.poll() is not None, "the collector process is still running"
     assert not any(name in os.environ for name in plugin._COLLECTOR_ENV)
-    assert nvtx_ranges._follow_switch not in switch.LISTENERS
+    assert nvtx._follow_switch not in switch.LISTENERS
     assert (runtime.role, runtime.collector, runtime.applied, runtime.uninstallers) == (None, None, [], [])
     dropped = telemetry.dropped["collector"]
     collector.finish(ApiTrace("in-flight", None, "m", 0.0))  # a request finishing after uninstall: no error

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_mmtrace.record import StageEvent, coverage, stage_dicts, union_length
+from sglang_mmtrace.join.record import StageEvent, coverage, stage_dicts, union_length
 
 
 def test_union_merges_overlaps_and_clips():

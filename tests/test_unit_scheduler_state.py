@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from sglang_mmtrace import runtime
-from sglang_mmtrace import scheduler_state as ss
-from sglang_mmtrace.hooks import batch_result, scheduler
+from sglang_mmtrace.hooks.scheduler import batch_result, scheduler
+from sglang_mmtrace.hooks.scheduler import state as ss
 
 
 class Req:

@@ -39,7 +39,7 @@ def test_every_measuring_hook_has_a_part_and_set_up_hooks_have_none():
     assert {h for h, p in PART_OF.items() if p is None} == {
         "tokenizer_manager.init",
         "mm_processor.init",
-        "detokenizer.bootstrap_legacy",
+        "detokenizer_legacy.bootstrap",
     }
     assert {p for p in PART_OF.values() if p is not None} <= set(switch.PARTS)
 
@@ -94,7 +94,7 @@ def test_gate_on_a_coroutine_adds_no_frame_and_passes_results_through():
 
 
 def test_nvtx_part_hides_the_domain_but_open_ranges_still_close(monkeypatch):
-    from sglang_mmtrace import nvtx_ranges
+    from sglang_mmtrace.sinks import nvtx
 
     calls: list[str] = []
 
@@ -106,12 +106,12 @@ def test_nvtx_part_hides_the_domain_but_open_ranges_still_close(monkeypatch):
             calls.append("pop")
 
     d = Domain()
-    monkeypatch.setattr(nvtx_ranges, "_attached", d)
-    monkeypatch.setattr(nvtx_ranges, "domain", d)
-    monkeypatch.setattr(switch, "LISTENERS", [nvtx_ranges._follow_switch])
-    nvtx_ranges.push("tokenize", "rid=a")
+    monkeypatch.setattr(nvtx, "_attached", d)
+    monkeypatch.setattr(nvtx, "domain", d)
+    monkeypatch.setattr(switch, "LISTENERS", [nvtx._follow_switch])
+    nvtx.push("tokenize", "rid=a")
     switch.apply(switch.Setting(True, tuple(p for p in switch.PARTS if p != "nvtx")), 7)
-    assert nvtx_ranges.domain is None
-    nvtx_ranges.pop()  # the range opened before the flip
+    assert nvtx.domain is None
+    nvtx.pop()  # the range opened before the flip
     switch.apply(switch.Setting(True, switch.PARTS), 8)
-    assert nvtx_ranges.domain is d and calls == ["push", "pop"]
+    assert nvtx.domain is d and calls == ["push", "pop"]

@@ -25,10 +25,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from sglang_mmtrace.analysis import format_table, quantile, read_jsonl, summarize
 from sglang_mmtrace.bench.records import RecordsTail
 from sglang_mmtrace.cli.demo import KINDS, reference_requests
 from sglang_mmtrace.harness import stream_chat
+from sglang_mmtrace.report.analysis import format_table, quantile, read_jsonl, summarize
 
 WARMUP_ROUND = 100  # image seeds far from the measured rounds
 

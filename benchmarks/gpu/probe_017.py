@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sglang_mmtrace.analysis import quantile
 from sglang_mmtrace.bench import procs, switchctl
 from sglang_mmtrace.bench.client import timed_chat
 from sglang_mmtrace.bench.experiments import QUESTION
 from sglang_mmtrace.bench.targets import LaunchConfig, default_config, launched
 from sglang_mmtrace.harness import SHIMS_DIR, data_url, image_message, make_image
+from sglang_mmtrace.report.analysis import quantile
 
 PROBE = Path(__file__).resolve().parent / "probe"
 

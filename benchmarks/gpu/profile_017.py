@@ -22,12 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_mmtrace.analysis import quantile
 from sglang_mmtrace.bench import procs, switchctl
 from sglang_mmtrace.bench.client import timed_chat
 from sglang_mmtrace.bench.experiments import QUESTION
 from sglang_mmtrace.bench.targets import LaunchConfig, launched
 from sglang_mmtrace.harness import data_url, image_message, make_image
+from sglang_mmtrace.report.analysis import quantile
 
 
 def log(msg: str) -> None:

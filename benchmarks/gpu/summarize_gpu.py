@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sglang_mmtrace.analysis import read_jsonl, stage_totals
 from sglang_mmtrace.bench.stats import paired_ratio_ci
 from sglang_mmtrace.cli.demo import KINDS
+from sglang_mmtrace.report.analysis import read_jsonl, stage_totals
 from sglang_mmtrace.stages import DISPLAY_ORDER
 
 COLUMNS = ("new image", "same image again")

@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis import quantile
 from ..harness import data_url, image_message, make_image
 from ..harness.server import CpuServer, session_pids
+from ..report.analysis import quantile
 from .experiments import OVERHEAD_SIZE, Options, Planned
 from .procs import cpu_seconds, rss_mb
 from .records import RecordsTail

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from ..analysis import quantile, summarize
+from ..report.analysis import quantile, summarize
 from ..stages import ROOT, STAGES
 from .stats import bootstrap_quantile_ci
 

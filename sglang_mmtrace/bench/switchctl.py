@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..analysis import quantile
+from ..report.analysis import quantile
 from ..switch import PARTS
 from .client import host_port
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..analysis import format_table, quantile, summarize
 from ..bench.records import RecordsTail
+from ..report.analysis import format_table, quantile, summarize
 
 QUESTION = "What is in this image?"
 DEMO_SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")

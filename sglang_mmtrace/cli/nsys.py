@@ -13,8 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis import read_jsonl
     from ..profiling.nsys import format_summary, read_ranges, summary
+    from ..report.analysis import read_jsonl
 
     ranges = read_ranges(args.profile)
     records = read_jsonl(args.records) if args.records else []

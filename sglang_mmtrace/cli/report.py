@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..analysis import RecordsError, format_table, load_records, report_group, summarize
+from ..report.analysis import RecordsError, format_table, load_records, report_group, summarize
 
 PROG = "sglang-mmtrace report"
 SHOWN_SKIPS = 3  # bad lines named on stderr; the rest are counted

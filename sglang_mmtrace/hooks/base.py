@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import nvtx_ranges
+from ..sinks import nvtx as nvtx_sink
 from ..switch import Gate
 from ..telemetry import contained, maybe_inject
 
@@ -68,16 +68,16 @@ def push_nvtx(component: str, nvtx: Nvtx | None, instance: Any, args: tuple, kwa
 
     Returns True / the range id when one was opened, None otherwise.
     """
-    if nvtx is None or nvtx_ranges.domain is None:
+    if nvtx is None or nvtx_sink.domain is None:
         return None
     try:
         detail = nvtx[1](instance, args, kwargs)
         if detail is None:
             return None
         if nested:
-            nvtx_ranges.push(nvtx[0], detail)
+            nvtx_sink.push(nvtx[0], detail)
             return True
-        return nvtx_ranges.start(nvtx[0], detail)
+        return nvtx_sink.start(nvtx[0], detail)
     except Exception as exc:
         contained(component + ".nvtx", exc)
         return None
@@ -106,7 +106,7 @@ def interval(
                     return await wrapped(*args, **kwargs)
                 range_id = (
                     push_nvtx(component, nvtx, instance, args, kwargs, nested=False)
-                    if nvtx is not None and nvtx_ranges.domain is not None
+                    if nvtx is not None and nvtx_sink.domain is not None
                     else None
                 )
                 result = exc = None
@@ -120,7 +120,7 @@ def interval(
                 finally:
                     t1 = now()
                     if range_id is not None:
-                        guarded(component, nvtx_ranges.end, range_id)
+                        guarded(component, nvtx_sink.end, range_id)
                     guarded(component, on_exit, st, t0, t1, instance, args, kwargs, result, exc)
 
             return async_wrapper
@@ -132,7 +132,7 @@ def interval(
                     return wrapped(*args, **kwargs)
                 pushed = (
                     nvtx is not None
-                    and nvtx_ranges.domain is not None
+                    and nvtx_sink.domain is not None
                     and push_nvtx(component, nvtx, instance, args, kwargs) is not None
                 )
                 result = exc = None
@@ -146,7 +146,7 @@ def interval(
                 finally:
                     t1 = now()
                     if pushed:
-                        guarded(component, nvtx_ranges.pop)
+                        guarded(component, nvtx_sink.pop)
                     guarded(component, on_exit, st, t0, t1, instance, args, kwargs, result, exc)
 
             return sync_wrapper
@@ -182,10 +182,10 @@ def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> Hook
 
 def push_batch_range(component: str, stage: str, rids: tuple[str, ...]) -> bool:
     """Push ``<stage> n=<batch> rids=...`` when a tool is attached (for the model-stage wrappers)."""
-    if nvtx_ranges.domain is None:
+    if nvtx_sink.domain is None:
         return False
     try:
-        nvtx_ranges.push(stage, nvtx_ranges.rids_detail(rids))
+        nvtx_sink.push(stage, nvtx_sink.rids_detail(rids))
         return True
     except Exception as exc:
         contained(component + ".nvtx", exc)

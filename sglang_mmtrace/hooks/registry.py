@@ -1,30 +1,35 @@
-"""Every hook implementation, by manifest hook id (one module per SGLang component)."""
+"""Every hook implementation, by manifest hook id (one module per SGLang component, under the process it runs in)."""
 
 from __future__ import annotations
 
-from . import (
-    batch_result,
-    detokenizer,
+from .api import (
     detokenizer_legacy,
     http_server,
-    mm_embedding,
-    mm_embedding_legacy,
     mm_processor,
     mm_processor_legacy,
-    model_runner,
     openai_serving,
-    schedule_batch,
-    scheduler,
     tokenizer_manager,
     transport,
 )
 from .base import HookSpec
+from .detokenizer import detokenizer
+from .scheduler import (
+    batch_result,
+    mm_embedding,
+    mm_embedding_legacy,
+    model_runner,
+    schedule_batch,
+    scheduler,
+)
 
 HOOKS: dict[str, HookSpec] = {}
 PART_OF: dict[str, str | None] = {}
+"""hook id -> the switch part that gates it (None: set-up hooks, never gated)."""
 MODULE_OF: dict[str, str] = {}
 """hook id -> the hook module's name (``mm_processor``): the README's stage table names it."""
-"""hook id -> the switch part that gates it (None: set-up hooks, never gated)."""
+PROCESS_OF: dict[str, str] = {}
+"""hook id -> the subpackage of its module (``api``, ``scheduler``, ``detokenizer``): the SGLang process it
+is applied in, which is the manifest's ``process``."""
 for _module in (
     http_server,
     openai_serving,
@@ -43,5 +48,7 @@ for _module in (
     detokenizer_legacy,
 ):
     HOOKS.update(_module.HOOKS)
-    MODULE_OF.update(dict.fromkeys(_module.HOOKS, _module.__name__.rpartition(".")[2]))
+    _process, _, _name = _module.__name__.rpartition(".hooks.")[2].partition(".")
+    MODULE_OF.update(dict.fromkeys(_module.HOOKS, _name))
+    PROCESS_OF.update(dict.fromkeys(_module.HOOKS, _process))
     PART_OF.update({hook_id: _module.PART if spec.gated else None for hook_id, spec in _module.HOOKS.items()})

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..analysis import quantile
-from ..nvtx_ranges import DOMAIN
+from ..report.analysis import quantile
+from ..sinks.nvtx import DOMAIN
 from ..stages import DISPLAY_ORDER, STAGES
 
 PUSH_POP, START_END, DOMAIN_CREATE = 59, 60, 75

@@ -1,6 +1,6 @@
 """``sglang-mmtrace report`` outputs beyond the text table: a self-contained HTML page and a Chrome trace.
 
-The numbers come from :mod:`sglang_mmtrace.analysis`; stage names, order and colours from the
+The numbers come from :mod:`sglang_mmtrace.report.analysis`; stage names, order and colours from the
 catalogue (:mod:`sglang_mmtrace.stages`) and the NVTX group colours.
 """
 

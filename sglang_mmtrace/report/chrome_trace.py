@@ -15,8 +15,8 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..analysis import report_group
 from ..stages import API, DETOKENIZER, DISPLAY_ORDER, SCHEDULER
+from .analysis import report_group
 
 PROCESS_PIDS: dict[str, int] = {API: 1, SCHEDULER: 2, DETOKENIZER: 3}
 """Track ids: the roles, not OS pids (records of several servers share one file)."""

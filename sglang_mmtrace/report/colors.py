@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..nvtx_ranges import GROUP_COLORS
+from ..sinks.nvtx import GROUP_COLORS
 from ..stages import API, DETOKENIZER, SCHEDULER, STAGES
 
 PROCESS_COLORS: dict[str, str] = {API: "#43A047", SCHEDULER: "#1E88E5", DETOKENIZER: "#8E24AA"}

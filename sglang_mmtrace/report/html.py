@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from html import escape
 from typing import Any
 
-from ..analysis import (
+from ..stages import DISPLAY_ORDER, ROOT, STAGES
+from .analysis import (
     CACHES,
     exclusive_times,
     format_ratio,
@@ -30,7 +31,6 @@ from ..analysis import (
     summarize,
     unattributed_s,
 )
-from ..stages import DISPLAY_ORDER, ROOT, STAGES
 from .colors import PROCESS_COLORS, UNATTRIBUTED_COLOR, process_color, stage_color
 
 UNATTRIBUTED = "unattributed"

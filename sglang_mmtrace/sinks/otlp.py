@@ -17,7 +17,7 @@ from typing import Any
 from opentelemetry.sdk.trace import SpanProcessor
 
 from .. import telemetry
-from ..record import EmitContext
+from ..join.record import EmitContext
 from ..stages import ROOT, STAGES
 
 ATTR_PREFIX = "sglang_mmtrace."

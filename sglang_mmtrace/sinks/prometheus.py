@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ..analysis import stage_totals
-from ..record import EmitContext
+from ..join.record import EmitContext
+from ..report.analysis import stage_totals
 from ..stages import STAGES
 
 PREFIX = "sglang_mmtrace_"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import nvtx_ranges, runtime
-from .. import scheduler_state as ss
-from .base import HookSpec, arg, interval
+from ... import runtime
+from ...sinks import nvtx
+from ..base import HookSpec, arg, interval
+from ..scheduler import state as ss
 
 
 def _enter(instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -29,7 +30,7 @@ def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 
 def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     st = _enter(instance, args, kwargs)
-    return nvtx_ranges.rids_detail(st[0]) if st else None
+    return nvtx.rids_detail(st[0]) if st else None
 
 
 PART = "detokenizer"  # the switch part that gates these hooks

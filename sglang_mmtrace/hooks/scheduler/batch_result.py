@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import nvtx_ranges
-from .. import scheduler_state as ss
-from .base import HookSpec, Wrapper, arg, interval
+from ...sinks import nvtx
+from ..base import HookSpec, Wrapper, arg, interval
+from . import state as ss
 
 
 def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
@@ -100,7 +100,7 @@ def _has_output(req: Any) -> bool:
 def _output_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     batch = arg(args, kwargs, 0, "batch")
     rids = [r.rid for r in batch.reqs if getattr(getattr(r, "_mmtrace", None), "fwd", None) is not None]
-    return nvtx_ranges.rids_detail(rids) if rids else None
+    return nvtx.rids_detail(rids) if rids else None
 
 
 def _stream_make(kind: str) -> Wrapper:
@@ -110,7 +110,7 @@ def _stream_make(kind: str) -> Wrapper:
     timestamp, nothing that can raise (as ``scheduler.recv_requests``).
     """
     if kind != "sync":
-        raise ValueError(f"output_streamer.stream_output: no wrapper for kind {kind!r}")
+        raise ValueError(f"batch_result.stream_output: no wrapper for kind {kind!r}")
 
     def wrapper(wrapped, instance, args, kwargs):
         try:
@@ -124,6 +124,6 @@ def _stream_make(kind: str) -> Wrapper:
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "output_streamer.stream_output": HookSpec("output_streamer.stream_output", make=_stream_make),
+    "batch_result.stream_output": HookSpec("batch_result.stream_output", make=_stream_make),
     "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=("scheduler.output", _output_detail)),
 }

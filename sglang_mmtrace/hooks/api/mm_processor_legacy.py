@@ -29,9 +29,9 @@ import contextvars
 import threading
 from typing import Any
 
-from .. import config, switch
-from ..context import ApiTrace, current_trace
-from .base import HookSpec, arg, interval
+from ... import config, switch
+from ...join.context import ApiTrace, current_trace
+from ..base import HookSpec, arg, interval
 from .mm_processor import image_size
 
 _tls = threading.local()
@@ -320,18 +320,18 @@ def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
 PART = "mm"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "mm_processor.request_legacy": interval("mm_processor.request_legacy", _request_exit, _request_enter),
-    "mm_processor.load_decode_legacy": interval(
-        "mm_processor.load_decode_legacy", _load_exit, _load_enter, nvtx=_nv("mm.decode")
+    "mm_processor_legacy.request": interval("mm_processor_legacy.request", _request_exit, _request_enter),
+    "mm_processor_legacy.load_decode": interval(
+        "mm_processor_legacy.load_decode", _load_exit, _load_enter, nvtx=_nv("mm.decode")
     ),
-    "mm_processor.fetch_legacy": interval("mm_processor.fetch_legacy", _fetch_exit, nvtx=_nv("mm.load", _fetch_rid)),
-    "mm_processor.combine_legacy": interval("mm_processor.combine_legacy", _combine_exit, _combine_enter),
-    "mm_processor.combine_async_legacy": interval("mm_processor.combine_async_legacy", _combine_async_exit),
+    "mm_processor_legacy.fetch": interval("mm_processor_legacy.fetch", _fetch_exit, nvtx=_nv("mm.load", _fetch_rid)),
+    "mm_processor_legacy.combine": interval("mm_processor_legacy.combine", _combine_exit, _combine_enter),
+    "mm_processor_legacy.combine_async": interval("mm_processor_legacy.combine_async", _combine_async_exit),
     # CUDA events bracket these calls: the enter step records the first, the exit step the second
-    "mm_processor.resize_normalize_legacy": interval(
-        "mm_processor.resize_normalize_legacy", _resize_done, _resize_start, nvtx=_nv("mm.resize_normalize")
+    "mm_processor_legacy.resize_normalize": interval(
+        "mm_processor_legacy.resize_normalize", _resize_done, _resize_start, nvtx=_nv("mm.resize_normalize")
     ),
-    "transport.cuda_ipc_legacy": interval(
-        "transport.cuda_ipc_legacy", _ipc_done, _ipc_start, nvtx=_nv("transport.prepare", _ipc_rid)
+    "mm_processor_legacy.cuda_ipc": interval(
+        "mm_processor_legacy.cuda_ipc", _ipc_done, _ipc_start, nvtx=_nv("transport.prepare", _ipc_rid)
     ),
 }

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from . import switch, telemetry
+from .. import switch, telemetry
 from .collector import ipc_address
 from .context import LIVE, ApiTrace, HttpCtx, to_wire
 
@@ -40,7 +40,7 @@ class CollectorClient:
         self.admin_address = ipc_address("admin")
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "sglang_mmtrace.collector",
+                sys.executable, "-m", "sglang_mmtrace.join.collector",
                 "--events", self.address, "--control", self.control_address, "--admin", self.admin_address,
                 "--sglang-version", sglang_version, "--parent", str(os.getpid()),
             ],

@@ -1,6 +1,6 @@
 """The collector process: one record per request, joined from the API, scheduler and detokenizer.
 
-It runs beside SGLang, not inside it (``python -m sglang_mmtrace.collector``, started by the plugin
+It runs beside SGLang, not inside it (``python -m sglang_mmtrace.join.collector``, started by the plugin
 in the API process): joining, building records and exporting them (JSONL, Prometheus, OTLP) take
 no GIL time from SGLang's event loop or scheduler loop. The API process sends each finished
 request's ``ApiTrace`` (pickled, once the response is complete); the schedulers' and detokenizer's
@@ -23,11 +23,11 @@ import time
 import uuid
 from typing import Any, Protocol
 
-from . import switch, telemetry
-from .config import Config
+from .. import switch, telemetry
+from ..config import Config
+from ..stages import API, ROOT
 from .context import ApiTrace, HttpCtx, from_wire
 from .record import EmitContext, StageEvent, coverage, stage_dicts
-from .stages import API, ROOT
 
 logger = logging.getLogger("sglang_mmtrace")
 
@@ -222,7 +222,7 @@ class Collector:
         if multiproc_dir:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir  # before prometheus_client is imported
         try:
-            from .sinks.prometheus import PrometheusSink
+            from ..sinks.prometheus import PrometheusSink
 
             self.add_sink(PrometheusSink(port=None if multiproc_dir else port))
         except Exception as exc:
@@ -368,7 +368,7 @@ class Collector:
         return {"collector": own, "api": self._api, **self._peers}
 
     def _sync_health(self) -> None:
-        from .sinks.prometheus import health_totals
+        from ..sinks.prometheus import health_totals
 
         totals = None
         for sink in self.sinks:
@@ -385,7 +385,7 @@ class Collector:
     # -- introspection (tests, doctor) ---------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """The collector's side of ``/mmtrace/state`` (the API process adds its own live requests)."""
-        from .sinks.prometheus import health_totals
+        from ..sinks.prometheus import health_totals
 
         sources = self._health_sources()
         own = sources.pop("collector")
@@ -545,13 +545,13 @@ def _sinks(cfg: Config) -> list[Sink]:
     sinks: list[Sink] = []
     if cfg.otlp_endpoint:
         try:
-            from .sinks.otlp import OtlpSink
+            from ..sinks.otlp import OtlpSink
 
             sinks.append(OtlpSink(cfg.otlp_endpoint, cfg.otlp_protocol, cfg.sample))
         except Exception as exc:  # a broken install of the opentelemetry packages (they are dependencies)
             telemetry.warn("OTLP export disabled: %r", exc)
     if cfg.jsonl_path:
-        from .sinks.jsonl import JsonlSink
+        from ..sinks.jsonl import JsonlSink
 
         try:
             sinks.append(JsonlSink(cfg.jsonl_path))
@@ -562,8 +562,8 @@ def _sinks(cfg: Config) -> list[Sink]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The collector process (started by ``collector_client.spawn``; configuration from the environment)."""
-    p = argparse.ArgumentParser(prog="python -m sglang_mmtrace.collector")
+    """The collector process (started by ``client.CollectorClient``; configuration from the environment)."""
+    p = argparse.ArgumentParser(prog="python -m sglang_mmtrace.join.collector")
     p.add_argument("--events", required=True)
     p.add_argument("--control", required=True)
     p.add_argument("--admin", required=True)
@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     _die_with_parent()
     logging.basicConfig(level=logging.INFO, format="[mmtrace collector] %(message)s", stream=sys.stderr)
-    from . import config
+    from .. import config
 
     cfg = config.get()
     collector = Collector(cfg, _sinks(cfg), args.sglang_version, args.events, args.control, args.admin)

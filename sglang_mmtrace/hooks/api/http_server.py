@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import runtime, switch
-from ..context import HttpCtx, current_http, now
-from .base import HookSpec, guarded
+from ... import runtime, switch
+from ...join.context import HttpCtx, current_http, now
+from ..base import HookSpec, guarded
 
 STATE_PATH = "/mmtrace/state"
 ENABLED_PATH = "/mmtrace/enabled"

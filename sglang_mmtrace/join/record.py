@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .stages import ORDER, ROOT
+from ..stages import ORDER, ROOT
 
 
 @dataclass(slots=True)

@@ -12,8 +12,8 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from ..context import ApiTrace, current_trace
-from .base import HookSpec, arg, interval
+from ...join.context import ApiTrace, current_trace
+from ..base import HookSpec, arg, interval
 
 HASH_PREFIX = 16  # "sha256:" + 9 hex: a short prefix of SGLang's own content identity
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..context import current_http
-from ..record import StageEvent
-from ..stages import API
-from .base import HookSpec, arg, before, interval, now
+from ...join.context import current_http
+from ...join.record import StageEvent
+from ...stages import API
+from ..base import HookSpec, arg, before, interval, now
 
 
 def _handle_request(instance: Any, args: tuple, kwargs: dict) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import nvtx_ranges
-from .. import scheduler_state as ss
-from .base import HookSpec, Wrapper, guarded, push_batch_range
+from ...sinks import nvtx
+from ..base import HookSpec, Wrapper, guarded, push_batch_range
+from . import state as ss
 
 
 def _all_rids(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
@@ -45,7 +45,7 @@ def marked(
             finally:
                 m1 = guarded(component, ctx.clock.mark)
                 if pushed:
-                    guarded(component, nvtx_ranges.pop)
+                    guarded(component, nvtx.pop)
                 if m0 is not None and m1 is not None and getattr(ctx, slot) is None:
                     setattr(ctx, slot, (m0, m1))
                     if slot == "sample":

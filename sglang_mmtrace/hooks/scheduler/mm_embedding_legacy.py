@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import scheduler_state as ss
+from ..base import HookSpec, Wrapper, arg, guarded
 from . import mm_embedding
-from .base import HookSpec, Wrapper, arg, guarded
+from . import state as ss
 from .model_runner import marked
 
 
@@ -28,7 +28,7 @@ def _scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
 
 
 def _routine_wrapper(kind: str) -> Wrapper:
-    component = "mm_embedding.routine_legacy"
+    component = "mm_embedding_legacy.routine"
     if kind != "sync":
         raise ValueError(f"{component}: expected a sync target, got {kind}")
 
@@ -44,7 +44,7 @@ def _routine_wrapper(kind: str) -> Wrapper:
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "mm_embedding.routine_legacy": HookSpec("mm_embedding.routine_legacy", make=_routine_wrapper),
+    "mm_embedding_legacy.routine": HookSpec("mm_embedding_legacy.routine", make=_routine_wrapper),
     # the batch was scanned by the routine hook: only mark the embedding call
-    "mm_embedding.embed_legacy": marked("mm_embedding.embed_legacy", "embed", "model.embed", mm_embedding.needs_embed),
+    "mm_embedding_legacy.embed": marked("mm_embedding_legacy.embed", "embed", "model.embed", mm_embedding.needs_embed),
 }

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .. import config, runtime
-from ..context import LIVE, ApiTrace, current_http, current_trace
-from .base import HookSpec, arg, before, interval, now
+from ... import config, runtime
+from ...join.context import LIVE, ApiTrace, current_http, current_trace
+from ..base import HookSpec, arg, before, interval, now
 
 
 def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -142,7 +142,7 @@ def _abort(instance: Any, args: tuple, kwargs: dict) -> None:
 
 def _tm_init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     if exc is None:
-        from ..plugin import start_metrics
+        from ...plugin import start_metrics
 
         server_args = getattr(instance, "server_args", None)
         start_metrics(bool(getattr(server_args, "enable_metrics", False)))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import nvtx_ranges
-from .. import scheduler_state as ss
-from .base import HookSpec, Wrapper, arg, interval
+from ...sinks import nvtx
+from ..base import HookSpec, Wrapper, arg, interval
+from . import state as ss
 
 
 def _recv_make(kind: str) -> Wrapper:
@@ -66,7 +66,7 @@ def _run_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 
 def _forward_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     ctx = ss.current  # set by _run_enter, which runs before the range is pushed
-    return nvtx_ranges.rids_detail(ctx.rids) if ctx is not None else None
+    return nvtx.rids_detail(ctx.rids) if ctx is not None else None
 
 
 PART = "scheduler"  # the switch part that gates these hooks

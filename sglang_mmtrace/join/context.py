@@ -11,9 +11,9 @@ import contextvars
 import time
 from typing import Any
 
-from . import switch
+from .. import switch
+from ..stages import API
 from .record import StageEvent
-from .stages import API
 
 now = time.perf_counter
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import nvtx_ranges
-from .. import scheduler_state as ss
-from .base import HookSpec, Wrapper, arg, guarded, push_batch_range
+from ...sinks import nvtx
+from ..base import HookSpec, Wrapper, arg, guarded, push_batch_range
+from . import state as ss
 from .model_runner import marked
 
 
@@ -68,7 +68,7 @@ def _vit_wrapper(kind: str) -> Wrapper:
         finally:
             m1 = guarded(component, ctx.clock.mark)
             if pushed:
-                guarded(component, nvtx_ranges.pop)
+                guarded(component, nvtx.pop)
             if m0 is not None and m1 is not None:
                 ctx.vit.append((m0, m1, [getattr(it, "hash", None) for it in items]))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..context import LIVE
-from .base import HookSpec, arg, interval
+from ...join.context import LIVE
+from ..base import HookSpec, arg, interval
 
 _MODE_BY_TYPE = {
     "ShmPointerMMData": "cpu",

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from . import switch, telemetry
+from .. import switch, telemetry
 
 HEARTBEAT_INTERVAL_S = 0.5
 FLUSH_STAGES = frozenset({"scheduler.output"})

@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..telemetry import contained
-from .base import HookSpec, Wrapper, guarded
+from ...telemetry import contained
+from ..base import HookSpec, Wrapper, guarded
 
 _ARG = "run_detokenizer_process_func"
 _POS = 2  # (server_args, port_args, run_detokenizer_process_func)
@@ -26,11 +26,11 @@ _POS = 2  # (server_args, port_args, run_detokenizer_process_func)
 def detok_entry(original: Any, *args: Any, **kwargs: Any) -> Any:
     """Runs in the spawned detokenizer: install the plugin there, then the original entry."""
     try:
-        from .. import plugin
+        from ... import plugin
 
         plugin.install(role=plugin.DETOKENIZER)
     except Exception as exc:  # never keep the detokenizer from starting
-        contained("detokenizer.bootstrap_legacy", exc)
+        contained("detokenizer_legacy.bootstrap", exc)
     return original(*args, **kwargs)
 
 
@@ -49,7 +49,7 @@ def _swap(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def _make(kind: str) -> Wrapper:
-    component = "detokenizer.bootstrap_legacy"
+    component = "detokenizer_legacy.bootstrap"
     if kind != "sync":
         raise ValueError(f"{component}: expected a sync target, got {kind}")
 
@@ -65,5 +65,5 @@ def _make(kind: str) -> Wrapper:
 PART = "detokenizer"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "detokenizer.bootstrap_legacy": HookSpec("detokenizer.bootstrap_legacy", make=_make, gated=False),
+    "detokenizer_legacy.bootstrap": HookSpec("detokenizer_legacy.bootstrap", make=_make, gated=False),
 }

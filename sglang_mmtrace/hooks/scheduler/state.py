@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import config, runtime, switch
+from ... import config, runtime, switch
 
 now = time.perf_counter
 _ship = switch.gate("ship")

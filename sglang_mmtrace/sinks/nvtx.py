@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import config, switch
-from .stages import STAGES
+from .. import config, switch
+from ..stages import STAGES
 
 DOMAIN = "sglang_mmtrace"
 GROUP_COLORS = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import scheduler_state as ss
-from .base import HookSpec, interval
+from ..base import HookSpec, interval
+from . import state as ss
 
 
 def _match_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:

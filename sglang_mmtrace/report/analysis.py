@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .stages import DISPLAY_ORDER, ROOT, STAGES
+from ..stages import DISPLAY_ORDER, ROOT, STAGES
 
 
 class RecordsError(Exception):
