@@ -1,22 +1,58 @@
-"""``sglang-mmtrace doctor``: what would be hooked on this SGLang, and what would not."""
+"""``sglang-mmtrace doctor``: what would be hooked on this SGLang, where the data would go, and what would not work.
+
+Exits non-zero, with one line per reason at the end, when a required target of a supported version
+is missing or a configured exporter could not deliver: the OTLP exporter for the configured
+protocol does not load, or its endpoint does not accept a connection. Starts no server.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import socket
+import sys
+import warnings
+from urllib.parse import urlsplit
 
-from .. import config
-from ..environment_variables import VARIABLES
+from .. import config, nvtx_ranges
+from ..collector import JOINED_STAGES
+from ..environment_variables import VARIABLES, Variable
 from ..manifest import load
 from ..package import SUPPORTED_VERSIONS, _instruments, in_supported_range, sglang_version
 from ..plugin import check
 from ..stages import STAGES
 
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+CONNECT_TIMEOUT_S = 1.0
+GAP_STAGES = {
+    "scheduler.overlap_wait": "the gap from the forward's end to this call's start (only when the overlap "
+    "scheduler delays the result)",
+}
+"""Stages a hook measures as the gap between two points rather than as the wrapped call itself."""
+
 
 def run() -> int:
-    version = sglang_version()
-    if version is None:
-        print("SGLang: not installed")
-        return 1
+    # Resolving the targets imports SGLang, which warns at import time about what this machine lacks
+    # (no CUDA, no Triton): noise here, and not what the doctor checks.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)
+        version = sglang_version()
+        if version is None:
+            print("SGLang: not installed")
+            return 1
+        missing = _targets(version)
+    cfg = config.get()
+    problems = _sinks(cfg)
+    _configuration()
+    if missing and version in SUPPORTED_VERSIONS:
+        problems.insert(0, f"{missing} required target(s) of SGLang {version} MISSING (listed above)")
+    for problem in problems:
+        print(f"doctor: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _targets(version: str) -> int:
+    """Print each stage and how it is measured here; returns how many required targets are missing."""
     manifest = load(version)
     supported = version in SUPPORTED_VERSIONS
     print(f"SGLang {version} ({'supported' if supported else f'unknown; using the {manifest.version} manifest'})")
@@ -24,32 +60,141 @@ def run() -> int:
     print(f"supported range: {_instruments[0]} ({'inside' if inside else 'OUTSIDE: untested, hooks may not resolve'})")
     if manifest.override:
         print(f"manifest: {manifest.override} (SGLANG_MMTRACE_MANIFEST)")
-    failures = 0
+    missing = 0
     by_stage: dict[str, list[str]] = {name: [] for name in STAGES}
     for entry in manifest.hooks:
         _, why = check(entry)
         status = "resolved" if why is None else f"MISSING: {why}"
         if why is not None and entry.required:
-            failures += 1
+            missing += 1
         for stage in entry.stages:
-            by_stage.setdefault(stage, []).append(f"{entry.target} [{entry.process}, {entry.kind}] {status}")
+            by_stage.setdefault(stage, []).append(f"-> {entry.target} [{entry.process}, {entry.kind}] {status}")
     for stage, lines in by_stage.items():
-        print(f"{stage}")
-        for line in lines or ["(no target in this version)"]:
-            print(f"    -> {line}")
-    cfg = config.get()
+        print(stage)
+        if stage in JOINED_STAGES:
+            lines = [f"joined in the collector from {_joined_ends(stage)} (no hook of its own)"]
+        elif stage in GAP_STAGES:
+            lines.append(f"measured as {GAP_STAGES[stage]}")
+        for line in lines or [f"not measured on SGLang {version}: its manifest names no target for this stage"]:
+            print(f"    {line}")
+    return missing
+
+
+def _joined_ends(stage: str) -> str:
+    """The two ends a joined stage spans, as the stage catalogue words them (``(joined: A -> B)``)."""
+    covers = STAGES[stage].covers
+    m = re.search(r"\(joined: ([^)]+)\)", covers)
+    return m.group(1) if m else covers
+
+
+def _sinks(cfg: config.Config) -> list[str]:
+    """Print every sink and its state; returns why a configured one cannot deliver (empty: all can)."""
     print("sinks:")
-    print(f"    plugin        {'on' if cfg.enabled else 'off (SGLANG_MMTRACE=0)'}")
+    if not cfg.enabled:
+        print("    plugin        off (SGLANG_MMTRACE=0): no hooks, no sinks")
+        return []
+    print("    plugin        on")
     print(f"    jsonl         {cfg.jsonl_path or 'off (set SGLANG_MMTRACE_JSONL)'}")
-    print(f"    otlp          {cfg.otlp_endpoint or 'off (no endpoint)'}")
+    problem = None
+    if cfg.otlp_endpoint:
+        problem = otlp_problem(cfg.otlp_endpoint, cfg.otlp_protocol)
+        state = "NOT WORKING (why: the last lines)" if problem else "exporter loads, endpoint reachable"
+        print(f"    otlp          {cfg.otlp_endpoint} ({cfg.otlp_protocol}): {state}")
+    else:
+        print("    otlp          off (set SGLANG_MMTRACE_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)")
+    if cfg.metrics:
+        print(
+            "    prometheus    on: SGLang's /metrics when the server runs with --enable-metrics, "
+            f"else its own port {cfg.metrics_port} (SGLANG_MMTRACE_METRICS_PORT)"
+        )
+    else:
+        print("    prometheus    off (SGLANG_MMTRACE_METRICS=0)")
+    print(f"    nvtx          {_nvtx_state(cfg)}")
+    print(f"    gpu timing    {_gpu_timing_state(cfg)}")
+    return [problem] if problem else []
+
+
+def otlp_address(endpoint: str, protocol: str) -> tuple[str, int]:
+    """The host and port the exporter would connect to: ``http://host:4318/v1/traces``, ``host:4317``.
+
+    Without a port: 443 for https and for gRPC (gRPC's own default), 80 for http.
+    """
+    parts = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}")
+    if not parts.hostname:
+        raise ValueError(f"no host in {endpoint!r}")
+    if parts.port is not None:
+        return parts.hostname, parts.port
+    return parts.hostname, 80 if parts.scheme == "http" and protocol != "grpc" else 443
+
+
+def otlp_problem(endpoint: str, protocol: str) -> str | None:
+    """Why spans would not reach ``endpoint`` over ``protocol``, in one line; None when they could.
+
+    Builds the exporter the collector would build (so a broken install shows here, not as one
+    warning in a server log) and opens, then closes, one TCP connection to its address.
+    """
+    if protocol not in OTLP_PROTOCOLS:
+        return (
+            f"unknown OTLP protocol {protocol!r} for {endpoint} (expected {' or '.join(OTLP_PROTOCOLS)}; "
+            "the plugin would send http/protobuf)"
+        )
+    try:
+        from ..sinks.otlp import make_exporter
+
+        make_exporter(endpoint, protocol).shutdown()
+    except Exception as exc:
+        return f"the OTLP {protocol} exporter for {endpoint} does not load: {exc!r}"
+    if protocol == "http/protobuf" and urlsplit(endpoint).scheme not in ("http", "https"):
+        return f"OTLP http/protobuf endpoint {endpoint} needs http:// or https://"
+    try:
+        host, port = otlp_address(endpoint, protocol)
+    except ValueError as exc:
+        return f"OTLP endpoint {endpoint} is not an address: {exc}"
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"OTLP endpoint {endpoint} ({protocol}) does not accept a connection at {host}:{port}: {exc!r}"
+    return None
+
+
+def _nvtx_state(cfg: config.Config) -> str:
+    """On/off, and whether ranges would be pushed in this process (the plugin's own ``setup`` decides)."""
+    if not cfg.nvtx:
+        return "off (SGLANG_MMTRACE_NVTX=0)"
+    attached = nvtx_ranges.setup()
+    nvtx_ranges.teardown()
+    if attached:
+        return "on; an NVTX tool is attached to this process: ranges are pushed"
+    return "on; no NVTX tool attached to this process: ranges are pushed only under one (e.g. nsys profile)"
+
+
+def _gpu_timing_state(cfg: config.Config) -> str:
+    if not cfg.gpu_timing:
+        return "off (SGLANG_MMTRACE_GPU_TIMING=0)"
+    import torch  # SGLang's own dependency, imported already by the target checks
+
+    if torch.cuda.is_available():
+        return "on; CUDA available here: GPU stages are timed with CUDA events"
+    return "on; CUDA not available here: GPU stages are timed on the host clock"
+
+
+def _shown(v: Variable) -> str:
+    """The variable's text, or where its value comes from instead (an OpenTelemetry fallback, the default)."""
+    if os.environ.get(v.name):
+        return os.environ[v.name]
+    used = next((n for n in v.fallbacks if os.environ.get(n)), None)
+    if used is not None:
+        return f"unset; {used}={os.environ[used]} used"
+    return os.environ.get(v.name, f"{v.shown_default} (default)")
+
+
+def _configuration() -> None:
     print("configuration:")
     for v in VARIABLES:
         if v.documented:
-            shown = os.environ.get(v.name, f"{v.shown_default} (default)")
-            print(f"    {v.name:32} {shown}")
+            print(f"    {v.name:32} {_shown(v)}")
     print("limits:")
     print("    --tokenizer-worker-num > 1: not supported (no records or traces for requests served by the workers)")
     print(
         "    --dp-size > 1: works on the CPU build (one API process; each record joins the scheduler that served it); not tried on GPUs"
     )
-    return 1 if (failures and supported) else 0
