@@ -17,8 +17,8 @@ from sglang_mmtrace import config
 from sglang_mmtrace import environment_variables as ev
 from sglang_mmtrace.cli import doctor
 from sglang_mmtrace.cli.demo import PluginLines
-from sglang_mmtrace.collector import JOINED_STAGES
 from sglang_mmtrace.config import Config
+from sglang_mmtrace.join.collector import JOINED_STAGES
 from sglang_mmtrace.stages import STAGES
 
 SINKS = ("plugin", "jsonl", "otlp", "prometheus", "nvtx", "gpu timing")

@@ -14,12 +14,13 @@ import sys
 import warnings
 from urllib.parse import urlsplit
 
-from .. import config, nvtx_ranges
-from ..collector import JOINED_STAGES
+from .. import config
 from ..environment_variables import VARIABLES, Variable
+from ..join.collector import JOINED_STAGES
 from ..manifest import load
 from ..package import SUPPORTED_VERSIONS, _instruments, in_supported_range, sglang_version
 from ..plugin import check
+from ..sinks import nvtx
 from ..stages import STAGES
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
@@ -161,8 +162,8 @@ def _nvtx_state(cfg: config.Config) -> str:
     """On/off, and whether ranges would be pushed in this process (the plugin's own ``setup`` decides)."""
     if not cfg.nvtx:
         return "off (SGLANG_MMTRACE_NVTX=0)"
-    attached = nvtx_ranges.setup()
-    nvtx_ranges.teardown()
+    attached = nvtx.setup()
+    nvtx.teardown()
     if attached:
         return "on; an NVTX tool is attached to this process: ranges are pushed"
     return "on; no NVTX tool attached to this process: ranges are pushed only under one (e.g. nsys profile)"
