@@ -135,7 +135,8 @@ VARIABLES: tuple[Variable, ...] = (
         "SGLANG_MMTRACE_GRACE_S",
         "grace_s",
         2.0,
-        "how long a finished request waits for late stages from other processes",
+        "how long a finished request waits for late stages from a process gone silent (a live process is "
+        "waited for until its messages sent after the request ended have been read)",
         _grace,
     ),
     Variable(
