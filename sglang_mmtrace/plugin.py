@@ -138,16 +138,6 @@ def _start_collector(version: str) -> None:
     os.environ[ev.SGLANG_MMTRACE_COLLECTOR_OWNER] = str(os.getpid())
 
 
-def start_metrics(enable_metrics: bool) -> None:
-    """Called once SGLang's server args are known (TokenizerManager built)."""
-    cfg = config.get()
-    if cfg.metrics and runtime.collector is not None:
-        try:
-            runtime.collector.start_metrics(enable_metrics, cfg.metrics_port)
-        except Exception as exc:
-            telemetry.warn("metrics disabled: %r", exc)
-
-
 def check(entry: HookEntry) -> tuple[Any, str | None]:
     """Resolve one manifest entry: ``(resolved, None)`` or ``(None, why it cannot be hooked)``."""
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ... import config, runtime
+from ... import config, runtime, telemetry
 from ...join.context import LIVE, ApiTrace, current_http, current_trace
 from ..base import HookSpec, arg, before, interval, now
 
@@ -141,11 +141,15 @@ def _abort(instance: Any, args: tuple, kwargs: dict) -> None:
 
 
 def _tm_init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    if exc is None:
-        from ...plugin import start_metrics
-
+    """SGLang's server args are known once the TokenizerManager is built: start the metrics there."""
+    cfg = config.get()
+    if exc is None and cfg.metrics and runtime.collector is not None:
         server_args = getattr(instance, "server_args", None)
-        start_metrics(bool(getattr(server_args, "enable_metrics", False)))
+        enable_metrics = bool(getattr(server_args, "enable_metrics", False))
+        try:
+            runtime.collector.start_metrics(enable_metrics, cfg.metrics_port)
+        except Exception as err:  # e.g. the collector did not answer: metrics off, serving goes on
+            telemetry.warn("metrics disabled: %r", err)
 
 
 def _rid_of(index: int, name: str):
