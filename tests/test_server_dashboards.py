@@ -98,12 +98,17 @@ def loaded(tmp_path_factory: pytest.TempPathFactory):
         try:
             prom.wait_scrape_after(time.time())
             t0 = time.time()
-            rids = []
+            rids: list[str] = []
             for round_no in range(ROUNDS):
                 for label, messages in load_plan(round_no):
                     chunks, usage, _ = stream_chat(server.base_url, messages, max_tokens=4)
                     assert chunks and usage, f"{label}: no stream/usage" + server_context(server)
                     rids.append(chunks[0]["id"])
+                # Every record of the round observed, then a scrape: each series the first round
+                # created is seen to grow in the second, so rate() has an increase. A whole load
+                # between two scrapes (a fast machine) would show every series at its final value.
+                records(server, rids, timeout=120)
+                prom.wait_scrape_after(time.time())
             recs = records(server, rids, timeout=120)
             for what in ("errors_total", "dropped_total"):
                 found = wait_series(prom, f"{PREFIX}{what} > 0", HEALTH_TIMEOUT_S)
