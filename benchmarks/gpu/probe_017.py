@@ -28,9 +28,9 @@ from typing import Any
 
 from sglang_mmtrace.bench import procs, switchctl
 from sglang_mmtrace.bench.client import timed_chat
-from sglang_mmtrace.bench.experiments import QUESTION
+from sglang_mmtrace.bench.overhead import Workload
 from sglang_mmtrace.bench.targets import LaunchConfig, default_config, launched
-from sglang_mmtrace.harness import SHIMS_DIR, data_url, image_message, make_image
+from sglang_mmtrace.harness import SHIMS_DIR
 from sglang_mmtrace.report.analysis import quantile
 
 PROBE = Path(__file__).resolve().parent / "probe"
@@ -115,16 +115,13 @@ def main() -> int:
             build_tiny_qwen3vl(model)
         flags = (*shlex.split(args.server_flags), "--enable-metrics")
         cfg = LaunchConfig("h200 0.5.17 probed", ("--model-path", str(model), *flags), env)
-    fixed = data_url(make_image(640, 480, seed=7, fmt="JPEG"))
+    workload = Workload(seed=7, nonce=f"probe{int(time.time())}")  # the overhead bench's requests
     blocks = []
     with launched(cfg, Path("/tmp/probe-work"), not args.cpu, 300.0) as target:
         roles = procs.server_processes(target.pid)
         log(f"processes {roles}")
         for i in range(5):  # warm-up (JIT)
-            timed_chat(
-                target.base_url, [image_message(QUESTION, [data_url(make_image(640, 480, seed=100 + i, fmt="JPEG"))])]
-            )
-        n_img = 1000
+            timed_chat(target.base_url, workload.messages("new_image", -1 - i, "warm-up"))
         for b, arm in enumerate(args.arms.split(",")):
             if time.time() + args.rounds * 0.2 + 10 > args.deadline:
                 log(f"stopping before block {b}: deadline")
@@ -132,14 +129,9 @@ def main() -> int:
             switchctl.set_level(target.base_url, level(arm))
             before = snapshot(probe_dir, roles)
             ttft: dict[str, list[float]] = {"new_image": [], "same_image": [], "text": []}
-            for _ in range(args.rounds):
+            for r in range(args.rounds):
                 for kind in ttft:
-                    if kind == "text":
-                        msgs = [{"role": "user", "content": f"Round {n_img}: name one colour and one shape."}]
-                    else:
-                        url = fixed if kind == "same_image" else data_url(make_image(640, 480, seed=n_img, fmt="JPEG"))
-                        msgs = [image_message(QUESTION, [url])]
-                    n_img += 1
+                    msgs = workload.messages(kind, r, f"block{b}")
                     ttft[kind].append(timed_chat(target.base_url, msgs)["ttft_s"])
                     time.sleep(args.gap_ms / 1000)
             after = snapshot(probe_dir, roles)
