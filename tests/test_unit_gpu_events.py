@@ -1,15 +1,17 @@
-"""CUDA-event timing of GPU stages, on a stand-in for ``torch.cuda`` (no GPU, no SGLang).
+"""CUDA-event timing of GPU stages, on a stand-in for the CUDA runtime (no GPU, no SGLang).
 
-Why a stand-in: CI has no GPU, so ``torch.cuda`` is replaced by ``FakeCuda`` below. The real path
-(CUDA events on an H200, SGLang 0.5.17) was measured and cross-checked against Nsight Systems in
-``benchmarks/results/gpu-h200-0.5.17/NOTES.md``; these tests pin the bookkeeping around the events.
+Why a stand-in: CI has no GPU, so the runtime behind ``hooks.cuda_marks`` (``Runtime``: the
+process's ``libcudart`` through ``ctypes.PyDLL``) is replaced by ``FakeCuda`` below. The real path
+(marks on an H200, SGLang 0.5.17) was measured and cross-checked against torch's events in
+``benchmarks/results/cuda-events-h200-20261130/`` and against Nsight Systems in
+``benchmarks/results/gpu-h200-0.5.17/NOTES.md``; these tests pin the bookkeeping around the marks.
 
-The stand-in logs every ``record()`` into a list shared with the wrapped SGLang functions (so the
-bracket order is visible), keeps a fake GPU clock that the wrapped functions advance (so
-``elapsed_time`` returns a known number of ms), answers ``query()`` False until a test flips
-``completed``, and makes every host sync (``torch.cuda.synchronize``, ``Event.synchronize``,
-``Stream.synchronize``) raise. Plugin code runs under ``guarded``, which would swallow that raise,
-so each sync is also logged in ``syncs`` and every test asserts that list stays empty.
+The stand-in logs every ``record`` into a list shared with the wrapped SGLang functions (so the
+bracket order is visible), keeps a fake GPU clock that the wrapped functions advance (so a read
+returns a known number of ms), answers reads ``"pending"`` until a test flips ``completed``, and
+makes every host sync (``torch.cuda.synchronize``, ``Stream.synchronize``) raise. Plugin code runs
+under ``guarded``, which would swallow that raise, so each sync is also logged in ``syncs`` and every
+test asserts that list stays empty.
 
 Hooks are built as SGLang gets them: ``HOOKS[id].make(kind)`` gives a wrapt-style wrapper
 ``(wrapped, instance, args, kwargs)``. Host time is a fake ``perf_counter`` that advances 10 ms a
@@ -29,7 +31,7 @@ import pytest
 import torch
 
 from sglang_mmtrace import config, runtime, telemetry
-from sglang_mmtrace.hooks import base
+from sglang_mmtrace.hooks import base, cuda_marks
 from sglang_mmtrace.hooks.api import mm_processor_legacy as mpl
 from sglang_mmtrace.hooks.scheduler import batch_result, mm_embedding, mm_embedding_legacy, model_runner, scheduler
 from sglang_mmtrace.hooks.scheduler import state as ss
@@ -42,7 +44,7 @@ HOST_STEP_S = 0.010
 """Each call of the fake ``perf_counter`` advances host time by this much."""
 
 
-# -- the stand-in for torch.cuda ---------------------------------------------------------------
+# -- the stand-in for the CUDA runtime ---------------------------------------------------------
 
 
 class HostSync(AssertionError):
@@ -54,74 +56,74 @@ class FakeStream:
         self.cuda = cuda
         self.index = index
 
-    def synchronize(self) -> None:
-        self.cuda.sync(f"Stream.synchronize cuda:{self.index}")
-
 
 class FakeEvent:
-    """Records a timestamp of the fake GPU clock; readable only once the test says the GPU is done."""
+    """A created event: records a timestamp of the fake GPU clock and the stream it was recorded on."""
 
-    cuda: FakeCuda  # set on the per-test subclass
-
-    def __init__(self, enable_timing: bool = False, **_: Any) -> None:
-        self.name = f"ev{len(self.cuda.events)}"
-        self.enable_timing = enable_timing
+    def __init__(self, cuda: FakeCuda, device: int) -> None:
+        self.cuda = cuda
+        self.device = device
+        self.name = f"ev{len(cuda.events)}"
         self.stamp_ms: float | None = None
         self.stream: Any = None
-        self.cuda.events.append(self)
-
-    def record(self, stream: Any = None) -> None:
-        self.stamp_ms = self.cuda.gpu_ms
-        self.stream = stream
-        self.cuda.log.append(f"record {self.name}")
-
-    def query(self) -> bool:
-        self.cuda.queries += 1
-        return self.stamp_ms is not None and self.cuda.completed
-
-    def elapsed_time(self, end: FakeEvent) -> float:
-        self.cuda.reads += 1
-        if self.cuda.elapsed_error is not None:
-            raise self.cuda.elapsed_error
-        if not (self.enable_timing and end.enable_timing):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'")
-        if not self.cuda.completed or self.stamp_ms is None or end.stamp_ms is None:
-            raise RuntimeError("CUDA error: device not ready")  # what the real call does on a pending event
-        return end.stamp_ms - self.stamp_ms
-
-    def synchronize(self) -> None:
-        self.cuda.sync(f"Event.synchronize {self.name}")
+        cuda.events.append(self)
 
 
 class FakeCuda:
-    """What a test controls: availability, capture, the GPU clock and when the GPU has caught up."""
+    """``cuda_marks.Runtime``'s stand-in. A test controls availability, capture, the GPU clock, when
+    the GPU has caught up, and failures of event creation and reads."""
 
     def __init__(self, log: list[str]) -> None:
         self.log = log
         self.available = True
         self.initialized = True
-        self.capturing = False
+        self.capturing_now = False
         self.completed = False
         self.gpu_ms = 0.0
-        self.elapsed_error: Exception | None = None
+        self.elapsed_error = False
+        self.create_fails = False
+        self.device = 0
         self.events: list[FakeEvent] = []
         self.streams: dict[int, FakeStream] = {}
-        self.queries = 0
         self.reads = 0
         self.syncs: list[str] = []
-        self.Event = type("Event", (FakeEvent,), {"cuda": self})
 
     def gpu_work(self, ms: float) -> None:
         """Kernels launched by a wrapped function: the GPU clock moves, the host does not wait."""
         self.gpu_ms += ms
 
-    def current_stream(self, device: Any = None) -> FakeStream:
-        index = 0 if device is None else (device.index or 0)
-        return self.streams.setdefault(index, FakeStream(self, index))
-
     def sync(self, what: str) -> None:
         self.syncs.append(what)
         raise HostSync(what)
+
+    # -- the Runtime interface
+    def ready(self) -> bool:
+        return self.available and self.initialized
+
+    def stream(self, device: int) -> FakeStream:
+        return self.streams.setdefault(device, FakeStream(self, device))
+
+    def current_device(self) -> int:
+        return self.device
+
+    def capturing(self, stream: Any) -> bool:
+        return self.capturing_now
+
+    def create(self, device: int) -> FakeEvent | None:
+        return None if self.create_fails else FakeEvent(self, device)
+
+    def record(self, event: FakeEvent, stream: FakeStream) -> bool:
+        event.stamp_ms, event.stream = self.gpu_ms, stream
+        self.log.append(f"record {event.name}")
+        return True
+
+    def elapsed_ms(self, start: FakeEvent, end: FakeEvent) -> float | str:
+        self.reads += 1
+        if self.elapsed_error:
+            return "unreadable"
+        if not self.completed:
+            return "pending"
+        return end.stamp_ms - start.stamp_ms
 
 
 @pytest.fixture
@@ -133,17 +135,16 @@ def log() -> list[str]:
 @pytest.fixture
 def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     fake = FakeCuda(log)
+    monkeypatch.setattr(cuda_marks, "_runtime", fake)
+    monkeypatch.setattr(cuda_marks, "_loaded", True)
+    monkeypatch.setattr(cuda_marks, "_ready", False)
+    monkeypatch.setattr(cuda_marks, "_rings", {})  # each test's fake CUDA starts with no ring
     tc = torch.cuda
-    monkeypatch.setattr(tc, "is_available", lambda: fake.available)
-    monkeypatch.setattr(tc, "is_initialized", lambda: fake.initialized)
-    monkeypatch.setattr(tc, "current_stream", fake.current_stream)
-    monkeypatch.setattr(tc, "is_current_stream_capturing", lambda: fake.capturing)
-    monkeypatch.setattr(tc, "Event", fake.Event)
     monkeypatch.setattr(tc, "synchronize", lambda device=None: fake.sync("torch.cuda.synchronize"))
     monkeypatch.setattr(tc.Stream, "synchronize", lambda self: fake.sync("torch.cuda.Stream.synchronize"))
+    monkeypatch.setattr(tc.Event, "synchronize", lambda self: fake.sync("torch.cuda.Event.synchronize"))
     monkeypatch.delenv("SGLANG_MMTRACE_GPU_TIMING", raising=False)
     monkeypatch.delenv("SGLANG_MMTRACE_TEST_RAISE", raising=False)
-    monkeypatch.setattr(ss, "_cuda_seen", False)  # each test's fake CUDA starts unseen
     config.reset()
     # a fake perf_counter: 10 ms a call (base.interval, the scheduler state; the pre-cdbd963 wrapper too)
     ticks = itertools.count()
@@ -239,9 +240,9 @@ def test_resize_events_bracket_the_call_once_and_the_result_passes_through(cuda:
     assert len(fn.calls) == 1 and fn.calls[0] == (("text", images), {"extra": 1})
     assert log == ["record ev0", "process_mm_data", "record ev1"]
     ev0, ev1 = cuda.events
-    # on the current stream of the processor's GPU, with timing enabled
+    # created on the processor's GPU, recorded on its current stream
+    assert ev0.device == ev1.device == 1
     assert ev0.stream is cuda.streams[1] and ev1.stream is cuda.streams[1]
-    assert ev0.enable_timing and ev1.enable_timing
     assert ev1.stamp_ms - ev0.stamp_ms == 5.0
 
 
@@ -282,7 +283,7 @@ def test_resize_exception_passes_through_and_the_stage_is_filed_at_once(cuda: Fa
     (st,) = stages(trace, "mm.resize_normalize")
     assert st.clock == "host" and st.t1 - st.t0 == pytest.approx(HOST_STEP_S)
     assert st.attrs == {"images": 2, "gpu": "pending"}
-    assert cuda.queries == 1 and cuda.reads == 0
+    assert cuda.reads == 1
 
 
 def run_request(
@@ -357,7 +358,7 @@ def test_resize_is_deferred_to_the_request_end_and_timed_by_cuda_events(cuda: Fa
     def during(req: mpl._MmReq) -> None:
         assert stages(trace, "mm.resize_normalize") == []  # not filed yet
         assert [p[0] for p in req.gpu_pending] == ["mm.resize_normalize"]
-        assert cuda.queries == 0 and cuda.reads == 0  # not even polled
+        assert cuda.reads == 0  # not even polled
         cuda.completed = True  # later work has hidden the GPU's lag
 
     run_request(trace, cuda, during, gpu_ms=250.0, images=2)
@@ -365,7 +366,7 @@ def test_resize_is_deferred_to_the_request_end_and_timed_by_cuda_events(cuda: Fa
     assert st.clock == "cuda"
     assert st.t1 - st.t0 == pytest.approx(0.250)
     assert st.attrs == {"images": 2, "gpu_s": 0.25, "host_s": pytest.approx(HOST_STEP_S)}
-    assert cuda.queries == 1 and cuda.reads == 1
+    assert cuda.reads == 1
 
 
 def test_resize_gpu_shorter_than_the_host_call_keeps_the_host_interval(cuda: FakeCuda) -> None:
@@ -379,20 +380,20 @@ def test_resize_gpu_shorter_than_the_host_call_keeps_the_host_interval(cuda: Fak
 
 
 def test_unfinished_events_are_never_waited_for_and_fall_back_to_host(cuda: FakeCuda) -> None:
-    """``query()`` still False at the request end: host-timed, ``gpu: pending``; one poll, no read, no sync."""
+    """The GPU not there yet at the request end: host-timed, ``gpu: pending``; one read, no sync."""
     trace = ApiTrace("r1", None, "m", 0.0)
     run_request(trace, cuda, lambda req: None, gpu_ms=250.0)
     (st,) = stages(trace, "mm.resize_normalize")
     assert st.clock == "host"
     assert st.t1 - st.t0 == pytest.approx(HOST_STEP_S)
     assert st.attrs == {"images": 1, "gpu": "pending"}
-    assert cuda.queries == 1 and cuda.reads == 0
+    assert cuda.reads == 1
 
 
 def test_unreadable_events_fall_back_to_host(cuda: FakeCuda) -> None:
     trace = ApiTrace("r1", None, "m", 0.0)
     cuda.completed = True
-    cuda.elapsed_error = RuntimeError("events on different devices")
+    cuda.elapsed_error = True  # e.g. events on different devices
     run_request(trace, cuda, lambda req: None, gpu_ms=250.0)
     (st,) = stages(trace, "mm.resize_normalize")
     assert st.clock == "host" and st.attrs == {"images": 1, "gpu": "unreadable"}
@@ -415,7 +416,7 @@ def test_no_events_means_a_host_timed_stage(
 ) -> None:
     if why == "gpu_timing_off":
         gpu_timing_off(monkeypatch)
-    cuda.capturing = why == "capturing"
+    cuda.capturing_now = why == "capturing"
     cuda.initialized = why != "not_initialized"
     cuda.available = why != "not_available"
     cuda.completed = True
@@ -519,12 +520,13 @@ def test_cuda_ipc_exception_passes_through_and_files_nothing(cuda: FakeCuda) -> 
 
 def test_clock_records_on_the_current_stream_and_maps_to_host_time(cuda: FakeCuda) -> None:
     cuda.gpu_ms = 1000.0
+    cuda.device = 2
     clock = ss.Clock()
-    assert clock.cuda and clock.name == "cuda"
+    assert clock.marks is not None and clock.name == "cuda"
     cuda.gpu_work(7.5)
     mark = clock.mark()
-    assert isinstance(mark, FakeEvent) and mark.enable_timing and mark.stream is None  # current stream
-    assert cuda.queries == 0 and cuda.reads == 0  # marking reads nothing
+    assert isinstance(mark, int) and cuda.events[-1].stream is cuda.streams[2]  # the current device's stream
+    assert cuda.reads == 0  # marking reads nothing
     cuda.completed = True
     assert clock.host(mark) == pytest.approx(clock.t_ref + 0.0075)
     assert clock.host(123.0) == 123.0  # host marks pass as they are
@@ -532,7 +534,7 @@ def test_clock_records_on_the_current_stream_and_maps_to_host_time(cuda: FakeCud
 
 def test_clock_under_graph_capture_marks_host_time(cuda: FakeCuda) -> None:
     clock = ss.Clock()
-    cuda.capturing = True
+    cuda.capturing_now = True
     n = len(cuda.events)
     mark = clock.mark()
     assert isinstance(mark, float) and len(cuda.events) == n
@@ -545,8 +547,76 @@ def test_clock_without_cuda_is_host(why: str, cuda: FakeCuda, monkeypatch: pytes
     cuda.initialized = why != "not_initialized"
     cuda.available = why != "not_available"
     clock = ss.Clock()
-    assert not clock.cuda and clock.name == "host"
+    assert clock.marks is None and clock.name == "host"
     assert isinstance(clock.mark(), float) and cuda.events == []
+
+
+def test_marks_ring_reuses_its_events_and_a_lapped_mark_reads_unreadable(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No event per request: the ring's events are created once and recorded again lap after lap."""
+    monkeypatch.setattr(cuda_marks, "RING", 4)
+    marks = cuda_marks.Marks(cuda, 0)
+    cuda.completed = True
+    seqs = []
+    for _ in range(6):
+        cuda.gpu_work(1.0)
+        seqs.append(marks.mark())
+    assert seqs == [0, 1, 2, 3, 4, 5] and len(cuda.events) == 4
+    assert marks.elapsed_s(seqs[3], seqs[5]) == pytest.approx(0.002)
+    assert marks.elapsed_s(seqs[0], seqs[5]) == "unreadable"  # slot 0 now holds mark 4
+    cuda.completed = False
+    assert marks.elapsed_s(seqs[4], seqs[5]) == "pending"
+
+
+def test_marks_without_an_event_or_under_capture_are_none(cuda: FakeCuda) -> None:
+    marks = cuda_marks.Marks(cuda, 0)
+    cuda.create_fails = True
+    assert marks.mark() is None
+    cuda.create_fails, cuda.capturing_now = False, True
+    assert marks.mark() is None and cuda.events == []
+
+
+class FakeCudart:
+    """A stand-in for ``libcudart`` with ctypes-style out-parameters: what ``Runtime`` sends it."""
+
+    def __init__(self, rc: dict[str, int]) -> None:
+        self.rc = rc
+        self.calls: list[str] = []
+        for name in ("cudaEventCreateWithFlags", "cudaEventRecord", "cudaEventElapsedTime",
+                     "cudaStreamIsCapturing", "cudaGetDevice", "cudaSetDevice", "cudaGetLastError"):  # fmt: skip
+            setattr(self, name, self._fn(name))
+
+    def _fn(self, name: str) -> Any:
+        def call(*args: Any) -> int:
+            self.calls.append(name)
+            out = args[0] if name in ("cudaEventCreateWithFlags", "cudaEventElapsedTime", "cudaGetDevice") else None
+            if name == "cudaStreamIsCapturing":
+                out = args[1]
+            if out is not None:
+                out._obj.value = {"cudaEventCreateWithFlags": 77, "cudaEventElapsedTime": 2.5}.get(name, 0)
+            return self.rc.get(name, 0)
+
+        return call
+
+
+def test_runtime_reads_and_clears_cuda_errors_it_caused() -> None:
+    """A failed call leaves no last error behind (SGLang's next launch check would raise on it)."""
+    lib = FakeCudart({})
+    rt = cuda_marks.Runtime(lib)
+    assert rt.create(0) == 77 and not rt.capturing(1) and rt.record(77, 1)
+    assert rt.elapsed_ms(77, 78) == 2.5 and "cudaGetLastError" not in lib.calls
+    lib.rc = {"cudaEventElapsedTime": cuda_marks.NOT_READY, "cudaEventRecord": 400}
+    assert rt.elapsed_ms(77, 78) == "pending" and lib.calls[-1] == "cudaGetLastError"
+    assert rt.record(77, 1) is False and lib.calls[-1] == "cudaGetLastError"
+    lib.rc = {"cudaEventElapsedTime": 1}
+    assert rt.elapsed_ms(77, 78) == "unreadable"
+
+
+def test_runtime_creates_an_event_on_the_asked_device_and_restores_the_current_one() -> None:
+    lib = FakeCudart({})
+    assert cuda_marks.Runtime(lib).create(3) == 77  # the fake's current device is 0
+    assert lib.calls == ["cudaGetDevice", "cudaSetDevice", "cudaEventCreateWithFlags", "cudaSetDevice"]
 
 
 class Outbox:
@@ -650,15 +720,15 @@ def test_batch_gpu_stages_are_cuda_timed_and_reported_on_each_request(
     cuda: FakeCuda, log: list[str], outbox: Outbox
 ) -> None:
     _, batch, reqs = run_prefill_batch(cuda, log)
-    # recorded during the forward, never read there: no poll, no elapsed_time, no sync
-    assert cuda.queries == 0 and cuda.reads == 0
+    # recorded during the forward, never read there: no read, no sync
+    assert cuda.reads == 0
     assert not any(e[1].startswith("model.") and e[1] != "model.forward" for e in outbox.sent)
     model_forward = outbox.one("model.forward")
     assert model_forward[0] == ("A", "B") and model_forward[4] == "host" and model_forward[5] == {"batch_size": 3}
 
     cuda.completed = True
     process_result(batch, reqs)
-    assert cuda.queries == 0  # read after SGLang's copy_done sync: elapsed_time only
+    assert cuda.reads > 0  # read after SGLang's copy_done sync
 
     durations = {"model.vision_encoder": 0.004, "model.embed": 0.001, "model.prefill": 0.003, "model.sample": 0.0005}
     for stage, dur in durations.items():

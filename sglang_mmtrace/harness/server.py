@@ -196,6 +196,7 @@ class CpuServer:
         """Start ``command()`` in its own session, logging to ``log_path``; wait for /health or stop it."""
         assert self.log_path is not None
         t0 = time.monotonic()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 self.command(),

@@ -15,7 +15,7 @@ A request's state lives in ``_MmReq``, held by a context variable that the IO/PR
 share by reference; per-call state on a worker thread lives in a thread-local.
 
 Stages: ``mm.load`` (base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of
-``_load_single_item``), ``mm.resize_normalize`` (``process_mm_data``; CUDA events when the fast
+``_load_single_item``), ``mm.resize_normalize`` (``process_mm_data``; CUDA event marks (``cuda_marks``) when the fast
 processor runs on the GPU, read once they have completed, never waited for), ``mm.expand`` (once
 per request: the padded ids and M-RoPE positions on EL; the offsets and per-image split before it
 on PROC are its ``split_s`` attribute, their time inside ``mm.process``, because the ``cuda_ipc``
@@ -31,6 +31,7 @@ from typing import Any
 
 from ... import config, switch
 from ...join.context import ApiTrace, current_trace
+from .. import cuda_marks
 from ..base import HookSpec, arg, interval
 from .mm_processor import image_size
 
@@ -47,7 +48,7 @@ class _MmReq:
         self.loaded: dict[int, tuple[int, int, int]] = {}  # id(loaded image) -> (bytes, width, height)
         self.t_combined: float | None = None  # process_and_combine_mm_data_async returned on the EL
         self.split: tuple[float, float, dict[str, Any]] | None = None  # the PROC part of mm.expand
-        self.gpu_pending: list[tuple[str, float, float, Any, Any, dict[str, Any]]] = []
+        self.gpu_pending: list[tuple[str, float, float, Any, Any, Any, dict[str, Any]]] = []
         self.lock = threading.Lock()
 
 
@@ -58,7 +59,7 @@ class _Combine:
 
     def __init__(self) -> None:
         self.t_resize_end: float | None = None
-        self.ipc: list[tuple[float, float, int, str, Any, Any]] = []  # (t0, t1, bytes, outcome, ev0, ev1)
+        self.ipc: list[tuple[float, float, int, str, Any, Any, Any]] = []  # (t0, t1, bytes, outcome, marks, m0, m1)
 
 
 current_mm: contextvars.ContextVar[_MmReq | None] = contextvars.ContextVar("mmtrace_mm_legacy", default=None)
@@ -119,36 +120,33 @@ def _resolve_gpu(req: _MmReq) -> None:
     """Emit the GPU-timed stages: by CUDA events when their end event has completed, host-timed otherwise."""
     with req.lock:
         pending, req.gpu_pending = req.gpu_pending, []
-    for stage, t0, t1, ev0, ev1, attrs in pending:
-        _add_gpu_stage(req.trace, stage, t0, t1, ev0, ev1, attrs)
+    for stage, t0, t1, marks, m0, m1, attrs in pending:
+        _add_gpu_stage(req.trace, stage, t0, t1, marks, m0, m1, attrs)
 
 
-def _defer_gpu_stage(stage: str, t0: float, t1: float, ev0: Any, ev1: Any, attrs: dict[str, Any]) -> None:
-    """Read the events at the end of ``process_mm_data_async`` (later work has hidden the GPU's lag)."""
+def _defer_gpu_stage(stage: str, t0: float, t1: float, marks: Any, m0: Any, m1: Any, attrs: dict[str, Any]) -> None:
+    """Read the marks at the end of ``process_mm_data_async`` (later work has hidden the GPU's lag)."""
     req, trace = current_mm.get(), _trace()
-    if req is not None and ev0 is not None:
+    if req is not None and m0 is not None:
         with req.lock:
-            req.gpu_pending.append((stage, t0, t1, ev0, ev1, attrs))
+            req.gpu_pending.append((stage, t0, t1, marks, m0, m1, attrs))
     elif trace is not None:
-        _add_gpu_stage(trace, stage, t0, t1, ev0, ev1, attrs)
+        _add_gpu_stage(trace, stage, t0, t1, marks, m0, m1, attrs)
 
 
 def _add_gpu_stage(
-    trace: ApiTrace, stage: str, t0: float, t1: float, ev0: Any, ev1: Any, attrs: dict[str, Any]
+    trace: ApiTrace, stage: str, t0: float, t1: float, marks: Any, m0: Any, m1: Any, attrs: dict[str, Any]
 ) -> None:
     clock = "host"
     end = t1
-    if ev0 is not None and ev1 is not None:
-        try:
-            if ev1.query():  # never synchronize: an unfinished event leaves the stage host-timed
-                gpu_s = ev0.elapsed_time(ev1) / 1000.0
-                attrs = {**attrs, "gpu_s": round(gpu_s, 9), "host_s": round(t1 - t0, 9)}
-                end = max(t1, t0 + gpu_s)
-                clock = "cuda"
-            else:
-                attrs = {**attrs, "gpu": "pending"}
-        except Exception:
-            attrs = {**attrs, "gpu": "unreadable"}
+    if m0 is not None and m1 is not None:
+        gpu_s = marks.elapsed_s(m0, m1)  # never waits: an unfinished mark leaves the stage host-timed
+        if isinstance(gpu_s, float):
+            attrs = {**attrs, "gpu_s": round(gpu_s, 9), "host_s": round(t1 - t0, 9)}
+            end = max(t1, t0 + gpu_s)
+            clock = "cuda"
+        else:
+            attrs = {**attrs, "gpu": gpu_s}
     trace.add(stage, t0, end, attrs, clock)
 
 
@@ -213,9 +211,9 @@ def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         mode = "cuda_ipc" if outcomes == {"cuda_ipc"} else "cuda_ipc+cpu_fallback"
         attrs = {"mode": mode, "bytes": nbytes, "tensors": len(c.ipc)}
         # the pool copies are non-blocking launches: their GPU time spans the first to the last event
-        timed = all(e[4] is not None for e in c.ipc)
-        ev0, ev1 = (c.ipc[0][4], c.ipc[-1][5]) if timed else (None, None)
-        _defer_gpu_stage("transport.prepare", c.ipc[0][0], c.ipc[-1][1], ev0, ev1, attrs)
+        timed = all(e[5] is not None and e[6] is not None for e in c.ipc)
+        m0, m1 = (c.ipc[0][5], c.ipc[-1][6]) if timed else (None, None)
+        _defer_gpu_stage("transport.prepare", c.ipc[0][0], c.ipc[-1][1], c.ipc[0][4], m0, m1, attrs)
         trace.transport_bytes += nbytes
         trace.transport_mode = "cuda_ipc"
     if exc is not None or c.t_resize_end is None:
@@ -256,15 +254,12 @@ def _combine_async_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None
         req.t_combined = t1
 
 
-def _end_event(ev: Any) -> tuple[Any, Any]:
-    if ev is None:
-        return None, None
-    import torch
-
-    ev0, stream = ev
-    ev1 = torch.cuda.Event(enable_timing=True)
-    ev1.record(stream)
-    return ev0, ev1
+def _end_mark(st: Any) -> tuple[Any, Any, Any]:
+    """(marks, start mark, end mark) for a call whose enter step took ``st`` = (marks, start mark)."""
+    if st is None:
+        return None, None, None
+    marks, m0 = st
+    return marks, m0, marks.mark()
 
 
 def _resize_start(instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -279,17 +274,9 @@ def _ipc_start(instance: Any, args: tuple, kwargs: dict) -> Any:
 def _events_start(instance: Any) -> Any:
     if not (config.get().gpu_timing and switch.on("cuda_events")) or _trace() is None:
         return None
-    import torch
-
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return None
-    index = int(getattr(getattr(instance, "server_args", None), "base_gpu_id", 0) or 0)
-    stream = torch.cuda.current_stream(torch.device("cuda", index))
-    if torch.cuda.is_current_stream_capturing():
-        return None
-    ev0 = torch.cuda.Event(enable_timing=True)
-    ev0.record(stream)
-    return ev0, stream
+    marks = cuda_marks.device_marks(int(getattr(getattr(instance, "server_args", None), "base_gpu_id", 0) or 0))
+    m0 = marks.mark() if marks is not None else None
+    return (marks, m0) if m0 is not None else None
 
 
 def _resize_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -301,11 +288,10 @@ def _resize_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
         return
     images = kwargs.get("images") if "images" in kwargs else (args[1] if len(args) > 1 else None)
     attrs: dict[str, Any] = {"images": len(images or ())}
-    ev0, ev1 = _end_event(ev)
     if exc is None:
-        _defer_gpu_stage("mm.resize_normalize", t0, t1, ev0, ev1, attrs)
+        _defer_gpu_stage("mm.resize_normalize", t0, t1, *_end_mark(ev), attrs)
     else:
-        _add_gpu_stage(trace, "mm.resize_normalize", t0, t1, ev0, ev1, attrs)
+        _add_gpu_stage(trace, "mm.resize_normalize", t0, t1, *_end_mark(ev), attrs)
 
 
 def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -314,7 +300,7 @@ def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
     if c is None or exc is not None or not getattr(tensor, "is_cuda", False):
         return  # CPU tensors pass through untouched
     outcome = "cpu_fallback" if type(result).__name__ == "Tensor" else "cuda_ipc"  # pool full -> tensor.cpu()
-    c.ipc.append((t0, t1, int(tensor.nbytes), outcome, *_end_event(ev)))
+    c.ipc.append((t0, t1, int(tensor.nbytes), outcome, *_end_mark(ev)))
 
 
 PART = "mm"  # the switch part that gates these hooks

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ... import config, runtime, switch
+from .. import cuda_marks
 
 now = time.perf_counter
 _ship = switch.gate("ship")
@@ -34,53 +35,41 @@ class ReqTrace:
 
 
 class Clock:
-    """Host timestamps, or CUDA events on the current stream when the forward runs on a GPU."""
+    """Host timestamps, or CUDA event marks on the current stream when the forward runs on a GPU."""
+
+    __slots__ = ("marks", "ref", "t_ref")
 
     def __init__(self) -> None:
-        self.cuda = False
-        self.ref: Any = None
+        self.marks: cuda_marks.Marks | None = None
+        self.ref: int | None = None
         self.t_ref = 0.0
         if config.get().gpu_timing and switch.on("cuda_events"):
-            self.cuda = _cuda_ready()
-        if self.cuda:
-            self.ref = self.mark()
-            self.t_ref = now()
+            self.marks = cuda_marks.device_marks()
+            self.ref = self.marks.mark() if self.marks is not None else None
+            if self.ref is None:
+                self.marks = None
+        self.t_ref = now()
 
-    def mark(self) -> Any:
-        if self.cuda:
-            import torch
-
-            if not torch.cuda.is_current_stream_capturing():
-                ev = torch.cuda.Event(enable_timing=True)
-                ev.record()
-                return ev
+    def mark(self) -> int | float:
+        if self.marks is not None:
+            m = self.marks.mark()
+            if m is not None:
+                return m
         return now()
 
-    def host(self, mark: Any) -> float:
-        """A mark on the host timeline (CUDA marks: offset from the reference event)."""
+    def host(self, mark: int | float) -> float:
+        """A mark on the host timeline (CUDA marks: offset from the reference mark)."""
         if isinstance(mark, float):
             return mark
-        return self.t_ref + self.ref.elapsed_time(mark) / 1000.0
+        assert self.marks is not None and self.ref is not None
+        s = self.marks.elapsed_s(self.ref, mark)
+        if isinstance(s, str):
+            raise ValueError(f"CUDA mark {s}")  # contained and counted by the hook's guard
+        return self.t_ref + s
 
     @property
     def name(self) -> str:
-        return "cuda" if self.cuda else "host"
-
-
-_cuda_seen = False
-
-
-def _cuda_ready() -> bool:
-    """CUDA initialized in this process (remembered once true: it stays so for the process's life)."""
-    global _cuda_seen
-    if not _cuda_seen:
-        try:
-            import torch
-
-            _cuda_seen = torch.cuda.is_available() and torch.cuda.is_initialized()
-        except Exception:
-            return False
-    return _cuda_seen
+        return "cuda" if self.marks is not None else "host"
 
 
 class FwdCtx:

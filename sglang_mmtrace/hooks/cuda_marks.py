@@ -1,0 +1,174 @@
+"""CUDA event marks for the GPU-timed stages, taken and read without letting go of the GIL.
+
+Why not ``torch.cuda.Event``: torch releases the GIL around each event call (record, query,
+elapsed_time). When another thread of the process wants the GIL at that moment (the API's event
+loop while an executor thread resizes images; SGLang's own threads in the scheduler), the hook's
+thread waits to get it back, up to the interpreter's 5 ms switch interval. On the H200 a pooled
+torch record took 1.8 µs alone and 5.1 ms with a second thread wanting the GIL; the same CUDA call
+through ``ctypes.PyDLL``, which keeps the GIL, 1.7 µs and 15 µs
+(``benchmarks/results/cuda-events-h200-20261130/``). Those hand-offs were most of the plugin's TTFT
+cost on the H200 (issue 11).
+
+So the hooks call the process's own CUDA runtime (the ``libcudart`` that torch loaded, found in
+``/proc/self/maps``) through ``ctypes.PyDLL``, on the stream torch says is current. Events sit in a
+ring of ``RING`` slots per device, reused round robin and never freed: a mark is a sequence number,
+and a mark whose slot a later lap has recorded again reads as ``"unreadable"``. No per-request state
+holds an event, and nothing leaks. A failed call clears CUDA's last-error state (as torch does after
+``cudaErrorNotReady``), so SGLang's next launch check never sees the plugin's error. Where no
+shared CUDA runtime is loaded, or CUDA is not in use in the process, there are no marks and the
+stages are host-timed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+from typing import Any
+
+logger = logging.getLogger("sglang_mmtrace")
+
+RING = 1024
+"""Events per device. A mark stays readable for RING later marks (hundreds of forwards)."""
+NOT_READY = 600  # cudaErrorNotReady
+
+
+class Runtime:
+    """The few CUDA runtime calls the marks need, made with the GIL held."""
+
+    def __init__(self, lib: Any) -> None:
+        c_int, vp = ctypes.c_int, ctypes.c_void_p
+        for name, argtypes in (
+            ("cudaEventCreateWithFlags", [ctypes.POINTER(vp), ctypes.c_uint]),
+            ("cudaEventRecord", [vp, vp]),
+            ("cudaEventElapsedTime", [ctypes.POINTER(ctypes.c_float), vp, vp]),
+            ("cudaStreamIsCapturing", [vp, ctypes.POINTER(c_int)]),
+            ("cudaGetDevice", [ctypes.POINTER(c_int)]),
+            ("cudaSetDevice", [c_int]),
+            ("cudaGetLastError", []),
+        ):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, c_int
+        self.lib = lib
+
+    def _ok(self, rc: int) -> bool:
+        if rc:
+            self.lib.cudaGetLastError()  # leave no error behind for SGLang's launch checks
+        return rc == 0
+
+    def ready(self) -> bool:
+        """CUDA is in use in this process (never initializes it)."""
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+    def stream(self, device: int) -> int:
+        import torch
+
+        return torch._C._cuda_getCurrentRawStream(device)
+
+    def current_device(self) -> int:
+        import torch
+
+        return torch.cuda.current_device()
+
+    def capturing(self, stream: int) -> bool:
+        status = ctypes.c_int(0)
+        return not self._ok(self.lib.cudaStreamIsCapturing(stream, ctypes.byref(status))) or status.value != 0
+
+    def create(self, device: int) -> int | None:
+        lib, prev, ev = self.lib, ctypes.c_int(-1), ctypes.c_void_p()
+        if not self._ok(lib.cudaGetDevice(ctypes.byref(prev))):
+            return None
+        if prev.value != device and not self._ok(lib.cudaSetDevice(device)):
+            return None
+        try:
+            return ev.value if self._ok(lib.cudaEventCreateWithFlags(ctypes.byref(ev), 0)) else None
+        finally:
+            if prev.value != device:
+                self._ok(lib.cudaSetDevice(prev.value))
+
+    def record(self, event: int, stream: int) -> bool:
+        return self._ok(self.lib.cudaEventRecord(event, stream))
+
+    def elapsed_ms(self, start: int, end: int) -> float | str:
+        ms = ctypes.c_float()
+        rc = self.lib.cudaEventElapsedTime(ctypes.byref(ms), start, end)
+        if self._ok(rc):
+            return ms.value
+        return "pending" if rc == NOT_READY else "unreadable"
+
+
+class Marks:
+    """One device's ring of events."""
+
+    def __init__(self, rt: Any, device: int) -> None:
+        self.rt = rt
+        self.device = device
+        self.events: list[int | None] = [None] * RING
+        self.seq_of = [-1] * RING
+        self._seq = itertools.count()
+
+    def mark(self) -> int | None:
+        """Record an event on the device's current stream now; None under graph capture or on failure."""
+        rt = self.rt
+        stream = rt.stream(self.device)
+        if rt.capturing(stream):
+            return None
+        seq = next(self._seq)
+        slot = seq % RING
+        ev = self.events[slot]
+        if ev is None:  # the first lap creates the slot's event
+            ev = self.events[slot] = rt.create(self.device)
+            if ev is None:
+                return None
+        if not rt.record(ev, stream):
+            return None
+        self.seq_of[slot] = seq
+        return seq
+
+    def elapsed_s(self, start: int, end: int) -> float | str:
+        """Seconds from mark ``start`` to mark ``end``, or why not: ``"pending"`` (the GPU has not got
+        there yet: never waited for) or ``"unreadable"`` (a later lap took a slot, or CUDA said no)."""
+        a, b = start % RING, end % RING
+        if self.seq_of[a] != start or self.seq_of[b] != end:
+            return "unreadable"
+        ms = self.rt.elapsed_ms(self.events[a], self.events[b])
+        return ms / 1000.0 if isinstance(ms, float) else ms
+
+
+_runtime: Runtime | None = None
+_loaded = False
+_ready = False
+_rings: dict[int, Marks] = {}
+
+
+def runtime() -> Runtime | None:
+    """The process's shared CUDA runtime, loaded once; None when it has none."""
+    global _runtime, _loaded
+    if not _loaded:
+        _loaded = True
+        try:
+            with open("/proc/self/maps") as maps:
+                path = next((line.split()[-1] for line in maps if "/libcudart.so" in line), None)
+            _runtime = Runtime(ctypes.PyDLL(path)) if path else None
+        except Exception as exc:
+            logger.info("sglang-mmtrace: no CUDA runtime for GPU marks (%s): GPU stages are host-timed", exc)
+            _runtime = None
+    return _runtime
+
+
+def device_marks(device: int | None = None) -> Marks | None:
+    """The marks of ``device`` (default: the current one), or None while CUDA is not in use here."""
+    global _ready
+    if not _ready:
+        rt = runtime()
+        if rt is None or not rt.ready():
+            return None
+        _ready = True  # CUDA stays initialized for the process's life
+    rt = _runtime
+    assert rt is not None
+    if device is None:
+        device = rt.current_device()
+    m = _rings.get(device)
+    return m if m is not None else _rings.setdefault(device, Marks(rt, device))
