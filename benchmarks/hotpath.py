@@ -729,7 +729,7 @@ def drain(sock: Any) -> tuple[int, int]:
             raw = sock.recv(zmq.NOBLOCK)
         except zmq.Again:
             return msgs, events
-        kind, _process, _pid, body = pickle.loads(raw)
+        kind, _process, _pid, body, _t_sent = pickle.loads(raw)
         if kind == "ev":
             msgs += 1
             events += len(body)

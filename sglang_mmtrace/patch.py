@@ -72,10 +72,13 @@ def kind_of(obj: Any) -> str:
     return "sync"
 
 
-def apply(hook_id: str, target: str, wrapper: Callable[..., Any]) -> Applied:
-    """Wrap one target; module-level functions are also re-bound where they were imported by name."""
+def apply(hook_id: str, target: str, wrapper: Callable[..., Any], enabled: Any = None) -> Applied:
+    """Wrap one target; module-level functions are also re-bound where they were imported by name.
+
+    ``enabled``: wrapt's switch (a switch gate's ``enabled`` list); while it is false the target is
+    called directly."""
     res = resolve(target)
-    wrapt.wrap_function_wrapper(res.owner, res.attr, wrapper)
+    wrapt.wrap_object(res.owner, res.attr, wrapt.FunctionWrapper, (wrapper, enabled))
     applied = Applied(hook_id, target, res)
     if isinstance(res.owner, types.ModuleType):
         new = getattr(res.owner, res.attr)

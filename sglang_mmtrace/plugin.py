@@ -15,7 +15,6 @@ from typing import Any
 from . import config, runtime, switch, telemetry
 from . import environment_variables as ev
 from .hooks import registry
-from .hooks.base import gated
 from .manifest import HookEntry, Manifest
 from .manifest import load as load_manifest
 from .package import sglang_version
@@ -169,11 +168,9 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
             if spec.install is not None:
                 runtime.uninstallers.append(spec.install(getattr(res.owner, res.attr)))
             else:
-                wrapper = spec.make(entry.kind)
                 part = registry.PART_OF[entry.hook_id]
-                if part is not None:
-                    wrapper = gated(switch.gate(part), wrapper)
-                runtime.applied.append(apply(entry.hook_id, entry.target, wrapper))
+                enabled = switch.gate(part).enabled if part is not None else None
+                runtime.applied.append(apply(entry.hook_id, entry.target, spec.make(entry.kind), enabled))
         except Exception as exc:
             runtime.missing.append((entry.hook_id, entry.target, f"apply failed: {exc!r}"))
             telemetry.warn("hook %s -> %s failed to apply: %r", entry.hook_id, entry.target, exc)

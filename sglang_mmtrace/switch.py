@@ -50,13 +50,21 @@ DESCRIPTION: dict[str, str] = {
 
 
 class Gate:
-    """One part's switch; hooks close over it and read ``on`` first."""
+    """One part's switch. Hooks close over it and read ``on``; ``enabled`` is the same setting as a
+    list (``[True]`` or empty) that wrapt tests for truth in C before each call of a gated target
+    (``FunctionWrapper(..., enabled=gate.enabled)``): while off, the target is called directly, with
+    no Python frame of the plugin's in between."""
 
-    __slots__ = ("name", "on")
+    __slots__ = ("name", "on", "enabled")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.on = True
+        self.enabled: list[bool] = [True]
+
+    def set(self, on: bool) -> None:
+        self.on = on
+        self.enabled[:] = [True] if on else []
 
 
 GATES: dict[str, Gate] = {name: Gate(name) for name in PARTS}
@@ -104,7 +112,7 @@ def apply(setting: Setting, gen: int) -> None:
     """Set every gate of this process (any thread; each store is atomic under the GIL)."""
     global generation
     for name, g in GATES.items():
-        g.on = name in setting.enabled
+        g.set(name in setting.enabled)
     generation = gen
     for listener in LISTENERS:
         listener()

@@ -34,17 +34,21 @@ def contained(component: str, exc: BaseException) -> None:
 
 _inject: frozenset[str] | None = None
 _stall: tuple[str, float] | None = None
+armed: bool | None = None
+"""False once the process is known to have neither test switch set: hooks then skip
+``maybe_inject`` with one attribute test instead of a call (None: not read yet)."""
 
 
 def maybe_inject(component: str) -> None:
-    """The test-only switches, inside plugin code (hot path: one test when neither is set):
-    ``SGLANG_MMTRACE_TEST_RAISE`` raises in the components it names, ``SGLANG_MMTRACE_TEST_STALL``
-    sleeps in the one it names."""
-    global _inject, _stall
+    """The test-only switches, inside plugin code: ``SGLANG_MMTRACE_TEST_RAISE`` raises in the
+    components it names, ``SGLANG_MMTRACE_TEST_STALL`` sleeps in the one it names. Hook wrappers call
+    it only while ``armed`` is not False."""
+    global _inject, _stall, armed
     if _inject is None:
         cfg = config.get()
         _stall = cfg.test_stall
-        _inject = cfg.test_raise | ({_stall[0]} if _stall else set())
+        _inject = frozenset(cfg.test_raise | ({_stall[0]} if _stall else set()))
+        armed = bool(_inject)
     if _inject:
         if _stall is not None and component == _stall[0]:
             time.sleep(_stall[1])

@@ -72,6 +72,26 @@ def test_sync_wrapper_calls_once_and_passes_result_and_exception(toy):
     assert toy.Toy.__dict__["sync"] is applied.resolved.original
 
 
+def test_a_gated_target_off_skips_the_wrapper_and_on_runs_it_once(toy):
+    """The switch's gate goes to wrapt as ``enabled``: off, the bound method and the module function
+    are called directly (the hook never runs); on again, the hook runs once per call."""
+    from sglang_mmtrace.switch import Gate
+
+    seen: list = []
+    gate = Gate("toy")
+    applied = [
+        apply("toy.sync", "mmtrace_toy.Toy.sync", _recorder(seen).make("sync"), gate.enabled),
+        apply("toy.free", "mmtrace_toy.free", _recorder(seen).make("sync"), gate.enabled),
+    ]
+    gate.set(False)
+    assert toy.Toy().sync("a") == ("a", 1) and toy.free(3) == 2 and seen == []
+    gate.set(True)
+    assert toy.Toy().sync("b") == ("b", 1) and toy.free(5) == 4
+    assert [r for _, r, _ in seen] == [("b", 1), 4]
+    for a in reversed(applied):
+        unpatch(a)
+
+
 def test_async_kind_preserved(toy):
     seen: list = []
     applied = apply("toy.coro", "mmtrace_toy.Toy.coro", _recorder(seen).make("async"))

@@ -8,7 +8,6 @@ import pytest
 import wrapt
 
 from sglang_mmtrace import switch
-from sglang_mmtrace.hooks.base import gated
 from sglang_mmtrace.hooks.registry import HOOKS, PART_OF
 
 
@@ -62,9 +61,9 @@ def test_gate_off_is_a_pass_through_and_on_runs_the_wrapper_once():
             raise KeyError(x)
         return [x]
 
-    fn = wrapt.FunctionWrapper(target, gated(gate, _counting_wrapper(log)))
+    fn = wrapt.FunctionWrapper(target, _counting_wrapper(log), enabled=gate.enabled)
     assert fn(1) == [1] and log == ["plugin", "target"]
-    gate.on = False
+    gate.set(False)
     log.clear()
     assert fn(2) == [2] and log == ["target"]
     with pytest.raises(KeyError):
@@ -84,9 +83,9 @@ def test_gate_on_a_coroutine_adds_no_frame_and_passes_results_through():
         log.append("plugin")
         return await wrapped(*args, **kwargs)
 
-    fn = wrapt.FunctionWrapper(target, gated(gate, wrapper))
+    fn = wrapt.FunctionWrapper(target, wrapper, enabled=gate.enabled)
     assert asyncio.run(fn(3)) == 6 and log == ["plugin", "target"]
-    gate.on = False
+    gate.set(False)
     log.clear()
     coro = fn(4)
     assert coro.cr_code is target.__code__  # the target's own coroutine: nothing between

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import telemetry
 from ..sinks import nvtx as nvtx_sink
-from ..switch import Gate
 from ..telemetry import contained, maybe_inject
 
 now = time.perf_counter
@@ -39,24 +39,14 @@ class HookSpec:
     gated: bool = True
 
 
-def gated(gate: Gate, wrapper: Wrapper) -> Wrapper:
-    """``wrapper`` while the gate is on, the bare call while it is off.
-
-    A plain function for every kind: for a coroutine target it returns the coroutine (of the
-    wrapper or of the target) for the caller to await, so the switch adds no frame to the await.
-    """
-
-    def switch_wrapper(wrapped, instance, args, kwargs):
-        if gate.on:
-            return wrapper(wrapped, instance, args, kwargs)
-        return wrapped(*args, **kwargs)
-
-    return switch_wrapper
-
-
 def guarded(component: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, its exception contained and counted (None then).
+
+    The wrappers below inline this (a Python call less per step: hooks run on SGLang's hot threads).
+    """
     try:
-        maybe_inject(component)
+        if telemetry.armed is not False:
+            maybe_inject(component)
         return fn(*args)
     except Exception as exc:
         contained(component, exc)
@@ -101,7 +91,14 @@ def interval(
         if kind == "async":
 
             async def async_wrapper(wrapped, instance, args, kwargs):
-                st = guarded(component, on_enter, instance, args, kwargs) if on_enter else None
+                st = None
+                if on_enter is not None:
+                    try:
+                        if telemetry.armed is not False:
+                            maybe_inject(component)
+                        st = on_enter(instance, args, kwargs)
+                    except Exception as e:
+                        contained(component, e)
                 if st is None and entered_only:
                     return await wrapped(*args, **kwargs)
                 range_id = (
@@ -121,13 +118,25 @@ def interval(
                     t1 = now()
                     if range_id is not None:
                         guarded(component, nvtx_sink.end, range_id)
-                    guarded(component, on_exit, st, t0, t1, instance, args, kwargs, result, exc)
+                    try:
+                        if telemetry.armed is not False:
+                            maybe_inject(component)
+                        on_exit(st, t0, t1, instance, args, kwargs, result, exc)
+                    except Exception as e:
+                        contained(component, e)
 
             return async_wrapper
         if kind == "sync":
 
             def sync_wrapper(wrapped, instance, args, kwargs):
-                st = guarded(component, on_enter, instance, args, kwargs) if on_enter else None
+                st = None
+                if on_enter is not None:
+                    try:
+                        if telemetry.armed is not False:
+                            maybe_inject(component)
+                        st = on_enter(instance, args, kwargs)
+                    except Exception as e:
+                        contained(component, e)
                 if st is None and entered_only:
                     return wrapped(*args, **kwargs)
                 pushed = (
@@ -147,7 +156,12 @@ def interval(
                     t1 = now()
                     if pushed:
                         guarded(component, nvtx_sink.pop)
-                    guarded(component, on_exit, st, t0, t1, instance, args, kwargs, result, exc)
+                    try:
+                        if telemetry.armed is not False:
+                            maybe_inject(component)
+                        on_exit(st, t0, t1, instance, args, kwargs, result, exc)
+                    except Exception as e:
+                        contained(component, e)
 
             return sync_wrapper
         raise ValueError(f"{component}: no interval wrapper for kind {kind!r}")
@@ -164,13 +178,23 @@ def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> Hook
         if kind == "async":
 
             async def async_wrapper(wrapped, instance, args, kwargs):
-                guarded(component, on_enter, instance, args, kwargs)
+                try:
+                    if telemetry.armed is not False:
+                        maybe_inject(component)
+                    on_enter(instance, args, kwargs)
+                except Exception as e:
+                    contained(component, e)
                 return await wrapped(*args, **kwargs)
 
             return async_wrapper
 
         def sync_wrapper(wrapped, instance, args, kwargs):
-            guarded(component, on_enter, instance, args, kwargs)
+            try:
+                if telemetry.armed is not False:
+                    maybe_inject(component)
+                on_enter(instance, args, kwargs)
+            except Exception as e:
+                contained(component, e)
             return wrapped(*args, **kwargs)
 
         if kind != "sync":

@@ -96,9 +96,9 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
 
         _apply = _patch.apply
 
-        def _probed_apply(hook_id, target, wrapper):
+        def _probed_apply(hook_id, target, wrapper, enabled=None):
             kind = _patch.kind_of(_patch.resolve(target).original)
-            return _apply(hook_id, target, _timed(hook_id, kind, wrapper))
+            return _apply(hook_id, target, _timed(hook_id, kind, wrapper), enabled)
 
         _patch.apply = _plugin.apply = _probed_apply
 
