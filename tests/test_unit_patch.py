@@ -92,6 +92,22 @@ def test_a_gated_target_off_skips_the_wrapper_and_on_runs_it_once(toy):
         unpatch(a)
 
 
+def test_before_on_a_coroutine_returns_the_targets_own_coroutine(toy):
+    """No plugin frame in the await chain: the coroutine awaited is the target's, the enter step ran
+    once when it was created, and results and exceptions pass through."""
+    seen: list = []
+    applied = apply("toy.coro", "mmtrace_toy.Toy.coro", before("toy", lambda i, a, k: seen.append(a)).make("async"))
+    obj = toy.Toy()
+    coro = obj.coro(3)
+    assert coro.cr_code is applied.resolved.original.__code__ and seen == [(3,)]
+    assert asyncio.run(coro) == 6
+    with pytest.raises(ValueError, match="boom"):
+        asyncio.run(obj.coro("boom"))
+    assert toy.Toy.calls == 2 and len(seen) == 2
+    assert kind_of(toy.Toy.coro) == "async"
+    unpatch(applied)
+
+
 def test_async_kind_preserved(toy):
     seen: list = []
     applied = apply("toy.coro", "mmtrace_toy.Toy.coro", _recorder(seen).make("async"))

@@ -172,23 +172,18 @@ def interval(
 
 
 def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> HookSpec:
-    """A hook that only looks at the arguments before the call (no timing around it)."""
+    """A hook that only looks at the arguments before the call (no timing around it).
+
+    One plain function for both kinds: for a coroutine target the enter step runs when the coroutine
+    is created (SGLang awaits these at once) and the target's own coroutine is returned, so no plugin
+    frame sits in the await chain, where every resume of the target would pass through it.
+    """
 
     def make(kind: str) -> Wrapper:
-        if kind == "async":
+        if kind not in ("sync", "async"):
+            raise ValueError(f"{component}: no wrapper for kind {kind!r}")
 
-            async def async_wrapper(wrapped, instance, args, kwargs):
-                try:
-                    if telemetry.armed is not False:
-                        maybe_inject(component)
-                    on_enter(instance, args, kwargs)
-                except Exception as e:
-                    contained(component, e)
-                return await wrapped(*args, **kwargs)
-
-            return async_wrapper
-
-        def sync_wrapper(wrapped, instance, args, kwargs):
+        def wrapper(wrapped, instance, args, kwargs):
             try:
                 if telemetry.armed is not False:
                     maybe_inject(component)
@@ -197,9 +192,7 @@ def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> Hook
                 contained(component, e)
             return wrapped(*args, **kwargs)
 
-        if kind != "sync":
-            raise ValueError(f"{component}: no wrapper for kind {kind!r}")
-        return sync_wrapper
+        return wrapper
 
     return HookSpec(component, make=make)
 
