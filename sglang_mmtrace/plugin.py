@@ -114,11 +114,10 @@ def _install(role: str | None) -> str | None:
             telemetry.warn("%s process: no collector address (was the API process started without the plugin?)", role)
             runtime.role = role
             return role
-        if runtime.outbox is None:  # kept over uninstall() (its thread has no stop): reused
-            from .join.outbox import Outbox
+        from .join.outbox import Outbox
 
-            runtime.outbox = Outbox(address, role, os.environ.get(ev.SGLANG_MMTRACE_CONTROL))
-            runtime.outbox.start()
+        runtime.outbox = Outbox(address, role, os.environ.get(ev.SGLANG_MMTRACE_CONTROL))
+        runtime.outbox.start()
     from .sinks import nvtx
 
     nvtx.setup()
@@ -185,8 +184,7 @@ def uninstall() -> None:
     The original functions go back, the HTTP middleware comes out, NVTX stops following the switch,
     and in the API process the collector process (which holds the sinks and any metrics server) is
     stopped and its addresses leave the environment, so processes started later do not look for it.
-    A scheduler's or detokenizer's outbox stays connected, idle without hooks feeding it, and is
-    reused by the next ``install()``."""
+    In a scheduler or the detokenizer the outbox's thread ends and its sockets close."""
     for applied in reversed(runtime.applied):
         unpatch(applied)
     for undo in reversed(runtime.uninstallers):
@@ -202,4 +200,7 @@ def uninstall() -> None:
         runtime.collector = None
         for name in _COLLECTOR_ENV:
             os.environ.pop(name, None)
+    if runtime.outbox is not None:
+        runtime.outbox.stop()
+        runtime.outbox = None
     runtime.role = None

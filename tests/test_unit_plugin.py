@@ -72,11 +72,13 @@ def test_uninstall_restores_the_originals_and_stops_the_collector(api_install):
     assert all(_raw(a.resolved) is not a.resolved.original for a in runtime.applied)
 
 
-def test_a_scheduler_keeps_one_outbox_over_reinstalls(api_install, monkeypatch, tmp_path):
-    """The outbox's control thread has no stop: uninstall leaves it idle and the next install reuses it."""
+def test_a_scheduler_outbox_stops_with_uninstall_and_a_reinstall_starts_one(api_install, monkeypatch, tmp_path):
+    """uninstall() ends the outbox's control thread (also while it is blocked on the control socket
+    with the switch off) and closes its sockets; install() again starts exactly one new outbox."""
     import threading
 
     monkeypatch.setenv(plugin.ev.SGLANG_MMTRACE_COLLECTOR, f"ipc://{tmp_path}/events")
+    monkeypatch.setenv(plugin.ev.SGLANG_MMTRACE_CONTROL, f"ipc://{tmp_path}/control")
     monkeypatch.setattr(runtime, "outbox", None)  # this process's outbox is the test's, not later tests'
 
     def outbox_threads():
@@ -86,9 +88,17 @@ def test_a_scheduler_keeps_one_outbox_over_reinstalls(api_install, monkeypatch, 
     assert plugin.install(role=plugin.SCHEDULER) == plugin.SCHEDULER
     outbox = runtime.outbox
     assert outbox is not None and runtime.applied and runtime.collector is None
-    plugin.install(role=plugin.SCHEDULER)
+    plugin.install(role=plugin.SCHEDULER)  # a no-op: the same outbox, one thread
+    assert runtime.outbox is outbox and len(outbox_threads()) == before + 1
     applied = list(runtime.applied)
-    plugin.uninstall()
+    switch.apply(switch.Setting(False, ()), switch.generation)  # idle: the thread blocks on its sockets
+    try:
+        plugin.uninstall()
+    finally:
+        switch.apply(switch.Setting(True, tuple(switch.PARTS)), switch.generation)
     assert all(_raw(a.resolved) is a.resolved.original for a in applied)
+    assert runtime.outbox is None and len(outbox_threads()) == before and outbox._sock is None
     plugin.install(role=plugin.SCHEDULER)
-    assert runtime.outbox is outbox and len(outbox_threads()) <= before + 1
+    assert runtime.outbox is not None and runtime.outbox is not outbox and len(outbox_threads()) == before + 1
+    plugin.uninstall()
+    assert len(outbox_threads()) == before

@@ -15,12 +15,14 @@ still be on its way from here (``collector.Collector._caught_up``).
 A daemon thread applies the runtime switch's flips, which the collector publishes on its control
 socket, and confirms each at once with a heartbeat. While the switch is on it also wakes every
 ``HEARTBEAT_INTERVAL_S`` to send the process's health and any straggling events; while it is off it
-blocks on the control socket (no wake-ups, no GIL).
+blocks on the control socket (no wake-ups, no GIL). ``stop()`` (the plugin's ``uninstall()``) wakes
+it through an in-process socket, and it closes its sockets and ends.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import pickle
 import threading
@@ -46,6 +48,9 @@ class Outbox:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # the socket: the emitting thread and the control thread
         self._sock: Any = None
+        self._wake: Any = None  # stop() -> the control thread (an inproc PUSH; the thread holds the PULL)
+        self._wake_address = f"inproc://mmtrace-outbox-wake-{id(self)}"
+        self._stopping = False
         self._pid = os.getpid()
         self.pending_gauges: dict[str, Any] = {}
 
@@ -73,8 +78,35 @@ class Outbox:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(self.address)
             self._sock = sock
-            self._thread = threading.Thread(target=self._run, name="mmtrace-outbox", daemon=True)
+            wake = zmq.Context.instance().socket(zmq.PULL)
+            wake.setsockopt(zmq.LINGER, 0)
+            wake.bind(self._wake_address)  # bound before the thread starts: stop() can always connect
+            self._thread = threading.Thread(target=self._run, args=(wake,), name="mmtrace-outbox", daemon=True)
             self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """End the control thread and close the sockets; events still queued are dropped and counted."""
+        import zmq
+
+        with self._lock:
+            thread, self._stopping = self._thread, True
+            if thread is None:
+                return
+            wake = zmq.Context.instance().socket(zmq.PUSH)
+            wake.setsockopt(zmq.LINGER, 0)
+            wake.connect(self._wake_address)
+            with contextlib.suppress(zmq.Again):
+                wake.send(b"stop", zmq.NOBLOCK)
+        thread.join(timeout)
+        wake.close()
+        with self._lock:
+            if self._q:
+                telemetry.drop("outbox", len(self._q))
+                self._q.clear()
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._thread = None
 
     def flush(self, heartbeat: bool = False) -> None:
         """Send the queued events (and the health, if asked) now, on the calling thread; never blocks."""
@@ -103,10 +135,11 @@ class Outbox:
                 except Exception as exc:  # never let shipping fail the hook or the thread
                     telemetry.contained("outbox", exc)
 
-    def _run(self) -> None:
+    def _run(self, wake: Any) -> None:
         import zmq
 
         poller = zmq.Poller()
+        poller.register(wake, zmq.POLLIN)
         control = None
         if self.control_address:
             control = zmq.Context.instance().socket(zmq.SUB)
@@ -115,16 +148,21 @@ class Outbox:
             control.connect(self.control_address)
             poller.register(control, zmq.POLLIN)
         self.flush(heartbeat=True)  # hello: the collector learns this process exists
-        while True:
+        while not self._stopping:
             try:
                 idle = not self._q and not any(g.on for g in switch.GATES.values())
                 timeout = None if idle and control is not None else HEARTBEAT_INTERVAL_S * 1000
-                ready = poller.poll(timeout) if control is not None else _sleep(timeout)
-                if ready and control is not None:
+                ready = dict(poller.poll(timeout))
+                if self._stopping:
+                    break
+                if control is not None and control in ready:
                     self._apply_flips(control)
                 self.flush(heartbeat=True)
             except Exception as exc:  # the control thread must outlive any bad message
                 telemetry.contained("outbox.control", exc)
+        wake.close()
+        if control is not None:
+            control.close()
 
     @staticmethod
     def _apply_flips(control: Any) -> None:
@@ -147,10 +185,3 @@ class Outbox:
             "switch": switch.snapshot(),
             **{k: (v() if callable(v) else v) for k, v in self.pending_gauges.items()},
         }
-
-
-def _sleep(timeout_ms: float | None) -> list:
-    import time
-
-    time.sleep((timeout_ms or 0) / 1000)
-    return []

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from ... import config, runtime, telemetry
 from ...join.context import LIVE, ApiTrace, current_http, current_trace
-from ..base import HookSpec, arg, before, interval, now
+from ..base import Enter, Exit, HookSpec, arg, before, interval, now
 
 
 def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -64,40 +65,41 @@ def _sglang_traceparent(instance: Any, rid: str) -> str | None:
     return carrier.get("traceparent")
 
 
-def _enter_request(instance: Any, args: tuple, kwargs: dict) -> Any:
-    obj = arg(args, kwargs, 0, "obj")
-    trace = LIVE.get(obj.rid) if isinstance(getattr(obj, "rid", None), str) else None
-    return trace, current_trace.set(trace)
+def _request_scope(name: str) -> Enter:
+    """An enter step that makes the request's trace current while SGLang works on it, so hooks deeper
+    in the call (the multimodal processor) find it; ``name``: the argument that carries the rid."""
+
+    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+        rid = getattr(arg(args, kwargs, 0, name), "rid", None)
+        trace = LIVE.get(rid) if isinstance(rid, str) else None
+        return trace, current_trace.set(trace)
+
+    return enter
 
 
-def _tokenize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    if st is None:
-        return
-    trace, token = st
-    current_trace.reset(token)
-    if trace is not None:
-        trace.add("tokenize", t0, t1)
-        if exc is not None:
-            cls = type(exc)
-            trace.error_class = (
-                cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-            )
+def _scope_exit(stage: str, then: Callable[[ApiTrace, BaseException | None], None]) -> Exit:
+    """The matching exit step: the scope ends, the stage is filed, ``then`` notes the outcome."""
+
+    def exit_(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+        if st is None:
+            return
+        trace, token = st
+        current_trace.reset(token)
+        if trace is not None:
+            trace.add(stage, t0, t1)
+            then(trace, exc)
+
+    return exit_
 
 
-def _dispatch_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    if st is None:
-        return
-    trace, token = st
-    current_trace.reset(token)
-    if trace is not None:
-        trace.add("dispatch", t0, t1)
-        trace.dispatched = exc is None
+def _tokenized(trace: ApiTrace, exc: BaseException | None) -> None:
+    if exc is not None:
+        cls = type(exc)
+        trace.error_class = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _dispatch_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
-    obj = arg(args, kwargs, 0, "tokenized_obj")
-    trace = LIVE.get(obj.rid) if isinstance(getattr(obj, "rid", None), str) else None
-    return trace, current_trace.set(trace)
+def _dispatched(trace: ApiTrace, exc: BaseException | None) -> None:
+    trace.dispatched = exc is None
 
 
 def _batch_output(instance: Any, args: tuple, kwargs: dict) -> None:
@@ -166,10 +168,16 @@ HOOKS: dict[str, HookSpec] = {
     "tokenizer_manager.init": replace(interval("tokenizer_manager.init", _tm_init_exit), gated=False),
     "tokenizer_manager.init_req_state": interval("tokenizer_manager.init_req_state", _init_exit),
     "tokenizer_manager.tokenize": interval(
-        "tokenizer_manager.tokenize", _tokenize_exit, _enter_request, nvtx=("tokenize", _rid_of(0, "obj"))
+        "tokenizer_manager.tokenize",
+        _scope_exit("tokenize", _tokenized),
+        _request_scope("obj"),
+        nvtx=("tokenize", _rid_of(0, "obj")),
     ),
     "tokenizer_manager.dispatch": interval(
-        "tokenizer_manager.dispatch", _dispatch_exit, _dispatch_enter, nvtx=("dispatch", _rid_of(0, "tokenized_obj"))
+        "tokenizer_manager.dispatch",
+        _scope_exit("dispatch", _dispatched),
+        _request_scope("tokenized_obj"),
+        nvtx=("dispatch", _rid_of(0, "tokenized_obj")),
     ),
     "tokenizer_manager.batch_output": before("tokenizer_manager.batch_output", _batch_output),
     "tokenizer_manager.abort": before("tokenizer_manager.abort", _abort),

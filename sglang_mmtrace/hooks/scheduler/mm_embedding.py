@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...sinks import nvtx
-from ..base import HookSpec, Wrapper, arg, guarded, push_batch_range
+from ..base import HookSpec, arg
 from . import state as ss
-from .model_runner import marked
+from .model_runner import around_forward, marked
 
 
 def scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
@@ -53,31 +52,21 @@ def needs_embed(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
     return tuple(ctx.needs_embed)
 
 
-def _vit_wrapper(kind: str) -> Wrapper:
-    component = "mm_embedding.vision_encoder"
+def _vit_owners(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
+    return _owners(ctx, arg(args, kwargs, 0, "items") or ())
 
-    def wrapper(wrapped, instance, args, kwargs):
-        ctx = ss.current
-        if ctx is None:
-            return wrapped(*args, **kwargs)
-        items = arg(args, kwargs, 0, "items") or ()
-        pushed = push_batch_range(component, "model.vision_encoder", _owners(ctx, items))
-        m0 = guarded(component, ctx.clock.mark)
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            m1 = guarded(component, ctx.clock.mark)
-            if pushed:
-                guarded(component, nvtx.pop)
-            if m0 is not None and m1 is not None:
-                ctx.vit.append((m0, m1, [getattr(it, "hash", None) for it in items]))
 
-    return wrapper
+def _store_vit(ctx: ss.FwdCtx, m0: Any, m1: Any, args: tuple, kwargs: dict) -> None:
+    items = arg(args, kwargs, 0, "items") or ()
+    ctx.vit.append((m0, m1, [getattr(it, "hash", None) for it in items]))
 
 
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
     "mm_embedding.prepare": marked("mm_embedding.prepare", "embed", "model.embed", _scan_and_name),
-    "mm_embedding.vision_encoder": HookSpec("mm_embedding.vision_encoder", make=_vit_wrapper),
+    # every encoder call of the forward (one per batch of missed items), not only the first
+    "mm_embedding.vision_encoder": around_forward(
+        "mm_embedding.vision_encoder", "model.vision_encoder", _vit_owners, _store_vit
+    ),
 }

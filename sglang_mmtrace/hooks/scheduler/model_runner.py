@@ -24,9 +24,28 @@ def marked(
     stage: str,
     rids: Callable[[ss.FwdCtx, tuple, dict], tuple[str, ...]] = _all_rids,
 ) -> HookSpec:
-    """Mark the first call of a prefill forward into ``ctx.<slot>``, inside an NVTX range for ``rids``.
+    """Mark the first call of a prefill forward into ``ctx.<slot>``, inside an NVTX range for ``rids``."""
 
-    ``rids`` runs before the call (plugin code, guarded); no range is pushed when it names none.
+    def store(ctx: ss.FwdCtx, m0: Any, m1: Any, args: tuple, kwargs: dict) -> None:
+        if getattr(ctx, slot) is None:
+            setattr(ctx, slot, (m0, m1))
+            if slot == "sample":
+                ctx.t_sample_end = ss.now()
+
+    return around_forward(component, stage, rids, store)
+
+
+def around_forward(
+    component: str,
+    stage: str,
+    rids: Callable[[ss.FwdCtx, tuple, dict], tuple[str, ...]],
+    store: Callable[[ss.FwdCtx, Any, Any, tuple, dict], None],
+) -> HookSpec:
+    """Clock marks around a call made inside the current prefill forward, handed to ``store``.
+
+    Outside a prefill forward (``ss.current`` is None: every decode step) the call goes straight
+    through. ``rids`` runs before the call (plugin code, guarded) and names the NVTX range; no range is
+    pushed when it names none.
     """
 
     def make(kind: str) -> Wrapper:
@@ -46,10 +65,8 @@ def marked(
                 m1 = guarded(component, ctx.clock.mark)
                 if pushed:
                     guarded(component, nvtx.pop)
-                if m0 is not None and m1 is not None and getattr(ctx, slot) is None:
-                    setattr(ctx, slot, (m0, m1))
-                    if slot == "sample":
-                        ctx.t_sample_end = ss.now()
+                if m0 is not None and m1 is not None:
+                    guarded(component, store, ctx, m0, m1, args, kwargs)
 
         return wrapper
 
