@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from conftest import records, server_context
+from conftest import read_records, records, server_context
 from record_checks import (
     CORE_STAGES,
     ENCODER_STAGES,
@@ -367,3 +367,19 @@ def test_contract_stage_catalogue_is_what_the_cases_cover(exchanges, server):
     seen = {n for exs in exchanges.values() for ex in exs if ex.failure is None for n in names(ex.record)}
     missing = sorted(CORE_STAGES - seen)
     assert not missing, f"core stages never recorded: {missing}" + server_context(server)
+
+
+def test_warmup_requests_are_marked_and_no_other(server):
+    """SGLang's own start-up request (sent while its server status is "Starting", the JIT-bound first
+    request) and a request sent with ``X-Mmtrace-Warmup: 1`` carry ``"warmup": true``; no other record
+    of the run does, so ``report`` and the metrics leave out exactly these two."""
+    from sglang_mmtrace.bench.client import timed_chat
+
+    messages = [image_message("What is in this picture?", [data_url(make_image(48, 40, seed=913))])]
+    out = timed_chat(server.base_url, messages, max_tokens=2, warmup=True)
+    assert records(server, [out["id"]])[out["id"]]["warmup"] is True
+    everything = read_records(server.jsonl_path)
+    first = everything[0]  # SGLang answers /health only after its warm-up: its record comes first
+    assert first.get("warmup") is True and first["status"] == "ok", server_context(server)
+    assert {r["rid"] for r in everything if r.get("warmup")} == {first["rid"], out["id"]}
+    assert all("warmup" not in r for r in everything if r["rid"] not in (first["rid"], out["id"]))

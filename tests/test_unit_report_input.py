@@ -151,3 +151,25 @@ def test_output_that_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFix
     rc, _, err = _report(capsys, path, "--chrome-trace", tmp_path)
     assert rc == 1
     assert _one_line(err).endswith(f"cannot write {tmp_path}: Is a directory")
+
+
+def test_warmup_records_are_left_out_unless_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A JIT-bound warm-up (10 s) would be the p95 of a short run: left out, said so, kept on request."""
+    path = tmp_path / "records.jsonl"
+    warm = {**_record("warm", ttft_s=10.0), "warmup": True}
+    path.write_text(json.dumps(warm) + "\n" + "".join(_line(f"r{i}") for i in range(3)))
+    rc, out, err = _report(capsys, path, "--json")
+    assert rc == 0 and _one_line(err).endswith("1 warm-up record(s) left out (--include-warmup keeps them)")
+    (group,) = json.loads(out).values()
+    assert group["n"] == 3
+    rc, out, err = _report(capsys, path, "--json", "--include-warmup")
+    assert rc == 0 and not err
+    (group,) = json.loads(out).values()
+    assert group["n"] == 4
+
+
+def test_only_warmup_records_is_an_error_that_names_the_option(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps({**_record("warm"), "warmup": True}) + "\n")
+    rc, out, err = _report(capsys, path)
+    assert rc == 1 and not out and _one_line(err).endswith("only warm-up records; --include-warmup shows them")

@@ -97,8 +97,12 @@ def timed_chat(
     max_tokens: int = 8,
     timeout: float = 120.0,
     extra: dict[str, Any] | None = None,
+    warmup: bool = False,
 ) -> dict[str, Any]:
     """POST a streamed chat completion; return ``ttft_s``, ``e2e_s``, ``id``, ``n_chunks``, ``usage``.
+
+    ``warmup`` sends ``X-Mmtrace-Warmup: 1``: the plugin marks the record and keeps it out of the
+    metrics and ``report``.
 
     TTFT runs from just before the request is written to the arrival of the bytes that complete the
     first SSE event whose chunk carries ``choices`` (SGLang's first chunk, sent once the first token
@@ -109,7 +113,9 @@ def timed_chat(
     body = json.dumps(chat_request(messages, max_tokens, **(extra or {}))).encode()
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+        + ("X-Mmtrace-Warmup: 1\r\n" if warmup else "")
+        + "\r\n"
     ).encode()
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -162,12 +168,17 @@ def timed_chat(
 
 
 def send(
-    base_url: str, messages: list[dict[str, Any]], max_tokens: int, timeout: float, extra: dict[str, Any] | None = None
+    base_url: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    timeout: float,
+    extra: dict[str, Any] | None = None,
+    warmup: bool = False,
 ) -> ChatResult:
     """``timed_chat`` that never raises: a failure is a result with ``ok=False`` and the error."""
     res = ChatResult(sent_unix_s=time.time())
     try:
-        out = timed_chat(base_url, messages, max_tokens=max_tokens, timeout=timeout, extra=extra)
+        out = timed_chat(base_url, messages, max_tokens=max_tokens, timeout=timeout, extra=extra, warmup=warmup)
     except (OSError, RequestFailed, ValueError) as exc:  # a timeout is an OSError
         res.error = f"{type(exc).__name__}: {exc}"[:400]
         return res

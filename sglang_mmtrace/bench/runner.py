@@ -67,7 +67,7 @@ def run_sequential(
                 url = target.base_url
             else:
                 raise ValueError("run_sequential needs a target or a route")
-            res = send(url, p.messages, opts.max_tokens_for(p.experiment), opts.timeout)
+            res = send(url, p.messages, opts.max_tokens_for(p.experiment), opts.timeout, warmup=p.warmup)
             out.append((p, res))
             tick()
             if not res.ok:
@@ -84,7 +84,7 @@ def run_concurrent(target: Target, plan: list[Planned], clients: int, opts: Opti
     with progress_bar(len(plan), desc) as tick, ThreadPoolExecutor(max_workers=clients) as pool:
 
         def one(p: Planned) -> Sent:
-            res = send(target.base_url, p.messages, opts.max_tokens_for(p.experiment), opts.timeout)
+            res = send(target.base_url, p.messages, opts.max_tokens_for(p.experiment), opts.timeout, warmup=p.warmup)
             tick()
             return p, res
 

@@ -9,6 +9,10 @@ records are skipped and counted on stderr, with their line numbers: the file may
 ``SGLANG_MMTRACE_JSONL``, whose last line is normally half-written, and one bad line should not
 cost the rest. ``--html`` and ``--chrome-trace`` create a missing parent folder, as ``bench --out``
 does (an output path names where the result should be; the folder is part of that).
+
+Warm-up records (``"warmup": true``: SGLang's start-up request, requests sent with
+``X-Mmtrace-Warmup: 1``) are left out unless ``--include-warmup``: a JIT-bound first request would
+otherwise be the p95 of a short run.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chrome-trace",
         metavar="OUT",
         help="write a Trace Event Format file (Perfetto, chrome://tracing); creates OUT's folder",
+    )
+    parser.add_argument(
+        "--include-warmup",
+        action="store_true",
+        help="keep warm-up records (SGLang's start-up request, X-Mmtrace-Warmup requests); left out by default",
     )
 
 
@@ -63,6 +72,13 @@ def run(args: argparse.Namespace) -> int:
     if loaded.skipped:
         print(f"{PROG}: {args.file}: {_describe_skipped(loaded.skipped)}", file=sys.stderr)
     records = loaded.records
+    if not args.include_warmup:
+        warm = sum(1 for r in records if r.get("warmup"))
+        if warm:
+            records = [r for r in records if not r.get("warmup")]
+            if not records:
+                return _error(f"{args.file}: only warm-up records; --include-warmup shows them")
+            print(f"{PROG}: {warm} warm-up record(s) left out (--include-warmup keeps them)", file=sys.stderr)
     summary = summarize(records, report_group)
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
     try:

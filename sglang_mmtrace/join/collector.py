@@ -478,6 +478,7 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
         "stages": stages,
         "attributed_s": round(attributed, 9),
         "coverage": round(cov, 6),
+        **({"warmup": True} if trace.warmup else {}),
         **({"content": trace.content} if trace.content is not None else {}),
     }
 

@@ -18,6 +18,9 @@ from .record import StageEvent
 now = time.perf_counter
 
 INTERNAL_PATHS = frozenset({"/health", "/health_generate"})
+WARMUP_HEADER = b"x-mmtrace-warmup"
+"""A request sent with ``X-Mmtrace-Warmup: 1`` is a warm-up: its record says ``"warmup": true`` and
+``report``, the metrics and so the dashboards leave it out (as SGLang's own start-up request)."""
 
 
 class HttpCtx:
@@ -39,6 +42,7 @@ class HttpCtx:
         "gen",
         "gen_end",
         "ship",
+        "warmup",
     )
 
     def __init__(self, t_arrival: float, path: str) -> None:
@@ -57,6 +61,7 @@ class HttpCtx:
         self.gen = switch.generation  # recorded only if it ends in the same switch generation
         self.gen_end: int | None = None  # the generation when the last body byte was sent
         self.ship = switch.on("ship")  # the setting it runs under decides, not the one when it is handed over
+        self.warmup = False  # the client said so (``WARMUP_HEADER``)
 
 
 class ApiTrace:
@@ -87,6 +92,7 @@ class ApiTrace:
         "error_class",
         "content",
         "discard",
+        "warmup",
     )
 
     def __init__(self, rid: str, http: HttpCtx | None, model: str, t_created: float) -> None:
@@ -114,6 +120,7 @@ class ApiTrace:
         self.error_class: str | None = None  # exception class that failed the request in a hook's target
         self.content: dict[str, Any] | None = None  # prompt and image URLs, only with CAPTURE_CONTENT=1
         self.discard = False  # crossed a switch flip: no record
+        self.warmup = False  # a warm-up request (SGLang's start-up request, or marked by its client)
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
         self.events.append(StageEvent(name, API, t0, t1, clock, attrs or {}))

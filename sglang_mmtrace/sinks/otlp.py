@@ -183,6 +183,8 @@ class OtlpSink:
                 ATTR_PREFIX + "ttft_s": rec.get("ttft_s") or 0.0,
             },
         )
+        if rec.get("warmup"):
+            root.set_attribute(ATTR_PREFIX + "warmup", True)  # kept in traces, marked for filtering
         content = rec.get("content")
         if content:  # only with SGLANG_MMTRACE_CAPTURE_CONTENT=1
             if content.get("prompt") is not None:

@@ -83,6 +83,8 @@ class PrometheusSink:
             pc.start_http_server(port, addr="0.0.0.0", registry=registry or pc.REGISTRY)
 
     def emit(self, rec: dict[str, Any], ctx: EmitContext | None = None) -> None:
+        if rec.get("warmup"):
+            return  # start-up and client warm-ups (JIT, first loads) would skew every histogram
         m, model = self.m, rec.get("model") or ""
         m["requests_total"].labels(model, rec["status"]).inc()
         ttft = rec.get("ttft_s")

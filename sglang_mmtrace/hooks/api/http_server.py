@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from ... import runtime, switch
-from ...join.context import HttpCtx, current_http, now
+from ...join.context import WARMUP_HEADER, HttpCtx, current_http, now
 from ..base import HookSpec, guarded
 
 STATE_PATH = "/mmtrace/state"
@@ -79,6 +79,8 @@ def _open(scope: dict) -> HttpCtx:
     for key, value in scope.get("headers") or ():
         if key == b"traceparent":
             ctx.traceparent = value.decode("latin-1")
+        elif key == WARMUP_HEADER:
+            ctx.warmup = value.strip().lower() in (b"1", b"true", b"yes")
     return ctx
 
 

@@ -19,11 +19,14 @@ def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     rids = obj.rid if isinstance(obj.rid, list) else [obj.rid]
     model = getattr(instance, "served_model_name", None) or ""
     capture = config.get().capture_content
+    # SGLang's own start-up request runs while its server status is still "Starting"
+    warmup = http.warmup or getattr(getattr(instance, "server_status", None), "name", None) == "Starting"
     for i, rid in enumerate(rids):
         if rid is None or rid in LIVE:
             continue
         trace = ApiTrace(rid, http, model, t1)
         trace.sglang_traceparent = _sglang_traceparent(instance, rid)
+        trace.warmup = warmup
         if capture:
             trace.content = _content(instance, obj, i if isinstance(obj.rid, list) else None)
         LIVE[rid] = trace
