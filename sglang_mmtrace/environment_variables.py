@@ -1,4 +1,4 @@
-"""Every environment variable the plugin reads, in one place (CONTRACT.md, "Configuration").
+"""Every environment variable the plugin reads, in one place (docs/contract.md, "Configuration").
 
 ``VARIABLES`` declares each user-facing variable once (name, default, meaning, parser, ``Config``
 field): ``config.Config`` takes its defaults and ``Config.from_env`` its parsing from it, the README's

@@ -1,7 +1,7 @@
 """The stage catalogue: the single source of truth for stage names.
 
 Hooks record stages by these names, sinks label spans/metrics/NVTX ranges with them, and the docs
-and dashboards are generated from this table. ``CONTRACT.md`` ("Stages") is the user-facing copy.
+and dashboards are generated from this table. ``docs/contract.md`` ("Stages") is the user-facing copy.
 """
 
 from __future__ import annotations

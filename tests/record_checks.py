@@ -6,7 +6,7 @@ can report all of them at once together with the record.
 - Nesting comes from the catalogue's ``parent`` field: a stage lies inside its nearest ancestor that
   the record has (the root ``request`` is ``[0, ttft_s]``).
 - Causal order: children of one parent are listed in the catalogue in request-path order
-  (CONTRACT.md's stage table is that order), so their first start times must not decrease.
+  (docs/contract.md's stage table is that order), so their first start times must not decrease.
 - Prompt layout (where the image tokens are) is derived independently of the server: the model's
   own chat template and tokenizer render the messages, and each ``<|image_pad|>`` is expanded to
   the image's visual-token count, which follows from its size and the processor's patch geometry.

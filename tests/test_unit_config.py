@@ -19,7 +19,7 @@ def test_defaults_are_the_contracts(monkeypatch):
     cfg = _config(monkeypatch)
     assert cfg == Config()
     shown = {v.name: v.shown_default for v in ev.VARIABLES if v.documented}
-    assert shown == {  # CONTRACT.md, "Configuration"
+    assert shown == {  # docs/contract.md, "Configuration"
         "SGLANG_MMTRACE": "1",
         "SGLANG_MMTRACE_JSONL": "unset",
         "SGLANG_MMTRACE_OTLP_ENDPOINT": "unset",

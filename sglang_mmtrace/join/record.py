@@ -1,4 +1,4 @@
-"""Build the per-request record (CONTRACT.md, "Per-request record") from the joined stage events.
+"""Build the per-request record (docs/contract.md, "Per-request record") from the joined stage events.
 
 Pure functions: the collector calls them off the request path, and tests call them directly.
 """
