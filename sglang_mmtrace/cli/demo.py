@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from typing import Any
 
 from ..bench.records import RecordsTail
 from ..report.analysis import format_table, quantile, summarize
+from ..stages import ROOT, STAGES
 
 QUESTION = "What is in this image?"
 DEMO_SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")
@@ -37,6 +39,50 @@ def reference_requests(round_no: int) -> list[tuple[str, list[dict[str, Any]]]]:
         (KINDS[2], [image_message(QUESTION, [b], image_first=True)]),
         (KINDS[3], [image_message(QUESTION, [a], image_first=False)]),
     ]
+
+
+LEGEND = """\
+How to read the tables: "share" is the stage's median fraction of a request's TTFT; an indented stage
+is part of the stage above it, so its share is inside its parent's (the shares do not add up to 100%).
+"n" counts the requests in which the stage appeared: a joined wait (*.inbox_wait) is there only when
+the next process had not already started (a gap between the two ends it joins), so it can show n=2 of
+5. "cache hits": lookups that hit per cache ("-": no lookup of that kind); prefix_tokens is the part of
+the prompt tokens SGLang served from its radix (prefix) cache. "coverage": the part of TTFT the stages
+explain."""
+TOP_STAGES = 2  # named per request kind in the findings
+SKIPPED_MIN_S = 0.5e-3  # a stage a cache skipped is named when it took at least this on a new image
+
+
+def _leaves(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The stages of a summary with no child stage in it: their shares do not overlap."""
+    parents = {STAGES[s].parent for s in stages if s in STAGES}
+    return {s: v for s, v in stages.items() if s != ROOT and s not in parents}
+
+
+def findings(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per request kind: where its TTFT went, and for the kinds after the first, what the
+    caches saved against a new image (the TTFT difference and the stages that did not run)."""
+    lines = []
+    base = summary.get(KINDS[0])
+    for kind, g in summary.items():
+        if not g.get("n"):
+            continue
+        top = sorted(_leaves(g["stages"]).items(), key=lambda kv: -kv[1]["share"])[:TOP_STAGES]
+        where = ", ".join(f"{s} {v['share'] * 100:.0f}%" for s, v in top)
+        line = f"{kind}: TTFT {g['ttft_p50'] * 1e3:.1f} ms; most of it in {where}"
+        if base is not None and kind != KINDS[0] and base.get("n"):
+            delta = g["ttft_p50"] - base["ttft_p50"]
+            skipped = [
+                (s, v["p50"]) for s, v in _leaves(base["stages"]).items()
+                if s not in g["stages"] and v["p50"] >= SKIPPED_MIN_S
+            ]  # fmt: skip
+            line += f"; {delta * 1e3:+.1f} ms against a new image"
+            if skipped:
+                line += " (skipped: " + ", ".join(f"{s} {t * 1e3:.1f} ms" for s, t in skipped) + ")"
+            else:
+                line += " (nothing skipped)"
+        lines.append(line)
+    return lines
 
 
 def run_reference(base_url: str, rounds: int) -> dict[str, str]:
@@ -99,20 +145,36 @@ def _exit_on_sigterm() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _exit_on_sigterm()
+    scratch = None if args.jsonl else tempfile.mkdtemp(prefix="mmtrace-demo-")
+    jsonl = args.jsonl or os.path.join(scratch, "records.jsonl")
+    Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
+    info = sys.stderr if args.json else sys.stdout  # with --json, stdout carries only the JSON
+    print(f"starting SGLang on the CPU (tiny Qwen3-VL, plugin on); records -> {jsonl}", file=info, flush=True)
+    try:
+        return _run(args, jsonl, info)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+            print("(the records were in a temporary folder, now removed: --jsonl PATH keeps them)", file=info)
+        else:
+            print(f"records: {jsonl}  (sglang-mmtrace report {jsonl})", file=info)
+
+
+def _run(args: argparse.Namespace, jsonl: str, info: Any) -> int:
     from ..harness import CpuServer
 
-    _exit_on_sigterm()
-    jsonl = args.jsonl or os.path.join(tempfile.mkdtemp(prefix="mmtrace-demo-"), "records.jsonl")
-    Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
-    print(f"starting SGLang on the CPU (tiny Qwen3-VL, plugin on); records -> {jsonl}", flush=True)
-    with CpuServer(port=args.port, jsonl_path=jsonl, server_args=DEMO_SERVER_ARGS) as server:
-        print(f"server healthy at {server.base_url} after {server.startup_seconds:.1f} s", flush=True)
+    def progress(seconds: float, last_line: str) -> None:
+        print(f"  ... SGLang still starting ({seconds:.0f} s): {last_line[-120:]}", file=info, flush=True)
+
+    with CpuServer(port=args.port, jsonl_path=jsonl, server_args=DEMO_SERVER_ARGS, progress=progress) as server:
+        print(f"server healthy at {server.base_url} after {server.startup_seconds:.1f} s", file=info, flush=True)
         assert server.log_path is not None  # chosen by start()
         plugin_lines = PluginLines(server.log_path)
         plugin_lines.relay()
         try:
             if args.serve_only:
-                print("serving until interrupted (Ctrl-C)", flush=True)
+                print("serving until interrupted (Ctrl-C)", file=info, flush=True)
                 try:
                     while server.process is not None and server.process.poll() is None:
                         time.sleep(1.0)
@@ -136,4 +198,10 @@ def run(args: argparse.Namespace) -> int:
         covs = sorted(r["coverage"] for r in ours if r["status"] == "ok")
         if covs:
             print(f"coverage over {len(covs)} reference requests: min {covs[0]:.3f}, median {quantile(covs, 0.5):.3f}")
+        print()
+        print(LEGEND)
+        print()
+        print("What this run found (medians):")
+        for line in findings(summary):
+            print("- " + line)
     return 0

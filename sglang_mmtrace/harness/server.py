@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -31,6 +31,8 @@ from .tiny_model import default_cache_dir, ensure_tiny_model
 DEFAULT_HEALTH_TIMEOUT_S: float = 240.0
 _PROJECT_ROOT: Path = Path(__file__).resolve().parents[2]  # folder holding sglang_mmtrace/
 _LOG_TAIL_LINES: int = 60
+PROGRESS_S: float = 10.0
+"""How often a waiting start-up reports progress (``CpuServer(progress=...)``)."""
 
 
 def free_port() -> int:
@@ -106,6 +108,7 @@ class CpuServer:
         cache_dir: Path | str | None = None,
         health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S,
         stop_timeout: float = 20.0,
+        progress: Callable[[float, str], None] | None = None,
     ) -> None:
         self.port: int = port
         self.extra_env: dict[str, str] = dict(env or {})
@@ -120,6 +123,7 @@ class CpuServer:
         self.model_path: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
+        self.progress = progress  # called every PROGRESS_S while starting: (seconds, last log line)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -273,7 +277,9 @@ class CpuServer:
     def _wait_healthy(self) -> None:
         """Poll GET /health until 200; raise with the log tail if the launcher dies or times out."""
         assert self.process is not None
-        deadline = time.monotonic() + self.health_timeout
+        t0 = time.monotonic()
+        deadline = t0 + self.health_timeout
+        next_progress = t0 + PROGRESS_S
         while True:
             code = self.process.poll()
             if code is not None:
@@ -283,7 +289,11 @@ class CpuServer:
                 )
             if _http_status(self.port, "/health", timeout=5.0) == 200:
                 return
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if self.progress is not None and now >= next_progress:
+                next_progress = now + PROGRESS_S
+                self.progress(now - t0, self.log_tail(1).strip())
+            if now >= deadline:
                 raise TimeoutError(
                     f"sglang server not healthy after {self.health_timeout:.0f} s; "
                     f"last log lines ({self.log_path}):\n{self.log_tail()}"

@@ -1,0 +1,35 @@
+"""The demo's closing lines: where each request kind's TTFT went and what the caches saved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_mmtrace.cli.demo import KINDS, findings
+
+
+def _group(ttft_ms: float, stages_ms: dict[str, float]) -> dict[str, Any]:
+    return {
+        "n": 5,
+        "ttft_p50": ttft_ms / 1e3,
+        "stages": {s: {"p50": v / 1e3, "share": v / ttft_ms, "n": 5} for s, v in stages_ms.items()},
+    }
+
+
+def test_findings_name_the_leading_leaf_stages_and_what_a_cache_skipped():
+    new = _group(
+        100.0,
+        {"tokenize": 30.0, "mm.process": 29.0, "mm.decode": 10.0, "mm.resize_normalize": 15.0,
+         "model.forward": 50.0, "model.vision_encoder": 35.0, "model.prefill": 12.0},
+    )  # fmt: skip
+    same = _group(45.0, {"tokenize": 2.0, "mm.process": 1.5, "model.forward": 13.0, "model.prefill": 12.0})
+    different = _group(101.0, dict((s, v["p50"] * 1e3) for s, v in new["stages"].items()))
+    lines = findings({KINDS[0]: new, KINDS[1]: same, KINDS[2]: different, KINDS[3]: {"n": 0, "stages": {}}})
+    assert len(lines) == 3  # a kind without requests says nothing
+    # leaves only: mm.process and model.forward hold the named stages, so they are not named themselves
+    assert lines[0] == "new image: TTFT 100.0 ms; most of it in model.vision_encoder 35%, mm.resize_normalize 15%"
+    assert lines[1].startswith("same image again: TTFT 45.0 ms; most of it in model.prefill 27%, mm.process 3%")
+    assert lines[1].endswith(
+        "-55.0 ms against a new image (skipped: mm.decode 10.0 ms, mm.resize_normalize 15.0 ms, "
+        "model.vision_encoder 35.0 ms)"
+    )
+    assert lines[2].endswith("+1.0 ms against a new image (nothing skipped)")
