@@ -50,6 +50,7 @@ the next process had not already started (a gap between the two ends it joins), 
 the prompt tokens SGLang served from its radix (prefix) cache. "coverage": the part of TTFT the stages
 explain."""
 TOP_STAGES = 2  # named per request kind in the findings
+LOG_NOISE = ("warn", "GET /health")  # start-up log lines not worth showing as progress
 SKIPPED_MIN_S = 0.5e-3  # a stage a cache skipped is named when it took at least this on a new image
 
 
@@ -164,8 +165,13 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, jsonl: str, info: Any) -> int:
     from ..harness import CpuServer
 
-    def progress(seconds: float, last_line: str) -> None:
-        print(f"  ... SGLang still starting ({seconds:.0f} s): {last_line[-120:]}", file=info, flush=True)
+    def progress(seconds: float, log_tail: str) -> None:
+        said = [ln.strip() for ln in log_tail.splitlines() if ln.strip() and not any(n in ln for n in LOG_NOISE)]
+        print(
+            f"  ... SGLang still starting ({seconds:.0f} s)" + (f": {said[-1][-110:]}" if said else ""),
+            file=info,
+            flush=True,
+        )
 
     with CpuServer(port=args.port, jsonl_path=jsonl, server_args=DEMO_SERVER_ARGS, progress=progress) as server:
         print(f"server healthy at {server.base_url} after {server.startup_seconds:.1f} s", file=info, flush=True)

@@ -123,7 +123,7 @@ class CpuServer:
         self.model_path: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
-        self.progress = progress  # called every PROGRESS_S while starting: (seconds, last log line)
+        self.progress = progress  # called every PROGRESS_S while starting: (seconds, the log's last lines)
 
     # -- public API -------------------------------------------------------------------------
 
@@ -292,7 +292,7 @@ class CpuServer:
             now = time.monotonic()
             if self.progress is not None and now >= next_progress:
                 next_progress = now + PROGRESS_S
-                self.progress(now - t0, self.log_tail(1).strip())
+                self.progress(now - t0, self.log_tail(30))
             if now >= deadline:
                 raise TimeoutError(
                     f"sglang server not healthy after {self.health_timeout:.0f} s; "
