@@ -2,9 +2,9 @@
 
 No SGLang server is started. Each SGLang target the plugin hooks is replaced by a stand-in of the
 same shape (same method names, the arguments and results the hooks read), and the *real* hook
-wrappers are built with ``registry.HOOKS[hook_id].make(kind)`` and applied with wrapt, exactly as
-``patch.apply`` does (``wrapt.wrap_function_wrapper`` on a class / ``FunctionWrapper`` for module
-functions). The API request runs through the real ASGI ``MmtraceMiddleware``.
+wrappers are built with ``registry.HOOKS[hook_id].make(kind)`` and applied exactly as
+``patch.apply`` does (``patch.hooked``: a closure for a sync target, wrapt for a coroutine). The
+API request runs through the real ASGI ``MmtraceMiddleware``.
 
 Two arms per measurement, built from the same stand-ins: ``plain`` (no plugin) and ``traced``
 (plugin wrappers applied, plugin runtime live). Samples are interleaved one by one, in random order
@@ -48,7 +48,8 @@ from types import SimpleNamespace as NS
 from typing import Any
 
 import numpy as np
-import wrapt
+
+from sglang_mmtrace.patch import hooked
 
 from ._common import RESULTS, bootstrap_median_ci, machine, quantile
 
@@ -71,16 +72,32 @@ def hooks() -> dict[str, Any]:
 
 def wrap_method(cls: type, attr: str, hook_id: str, kind: str) -> None:
     """What ``patch.apply`` does to a class attribute, on a stand-in class."""
-    wrapt.wrap_function_wrapper(cls, attr, hooks()[hook_id].make(kind))
+    setattr(cls, attr, hooked(cls, cls.__dict__[attr], hooks()[hook_id].make(kind)))
 
 
 def wrap_function(fn: Callable[..., Any], hook_id: str, kind: str) -> Callable[..., Any]:
     """What ``patch.apply`` rebinds a module-level function to."""
-    return wrapt.FunctionWrapper(fn, hooks()[hook_id].make(kind))
+    return hooked(None, fn, hooks()[hook_id].make(kind))
 
 
 Arm = Callable[[], Callable[[], Any]]
 """Called untimed to set one sample up; returns the zero-argument call that is timed."""
+
+
+COLD_BYTES = 64 << 20
+"""``--cold``: bytes written (one byte per cache line) before every sample, more than a server CPU's
+last-level cache holds: each sample then starts with cold data caches, as a hook does in a server,
+where SGLang's own work runs between two calls of it (not a loop of the same call)."""
+_cold_buf: bytearray | None = None
+COLD = False
+
+
+def evict_caches() -> None:
+    """Write one byte in every cache line of ``COLD_BYTES`` (a C-level slice assignment)."""
+    global _cold_buf
+    if _cold_buf is None:
+        _cold_buf = bytearray(COLD_BYTES)
+    _cold_buf[::64] = bytes([(_cold_buf[0] + 1) % 256]) * (COLD_BYTES // 64)
 
 
 def interleave(
@@ -92,7 +109,9 @@ def interleave(
     after_block: Callable[[], None] | None = None,
     block: int = 256,
 ) -> dict[str, list[float]]:
-    """Time ``plain`` and ``traced`` one sample each per repetition, in random order; ns per unit."""
+    """Time ``plain`` and ``traced`` one sample each per repetition, in random order; ns per unit.
+
+    With ``COLD`` set (``--cold``) the caches are evicted before every sample (untimed)."""
     rng = random.Random(seed)
     names = ["plain", "traced"]
     out: dict[str, list[float]] = {n: [] for n in names}
@@ -100,6 +119,8 @@ def interleave(
         order = names if rng.random() < 0.5 else names[::-1]
         for name in order:
             call = arms[name]()
+            if COLD:
+                evict_caches()
             t0 = perf_counter_ns()
             call()
             t1 = perf_counter_ns()
@@ -879,6 +900,8 @@ WORKERS = {"api": run_api, "scheduler": run_scheduler, "detokenizer": run_detoke
 
 
 def worker_main(args: argparse.Namespace) -> None:
+    global COLD
+    COLD = args.cold
     os.environ.pop("SGLANG_MMTRACE_TEST_RAISE", None)
     os.environ["SGLANG_MMTRACE"] = "1"
     # a real run's records complete when the remote stages arrive; keep a short grace anyway
@@ -929,6 +952,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64], help="rids per decode step")
     ap.add_argument("--processes", nargs="+", default=list(WORKERS), choices=list(WORKERS))
     ap.add_argument("--json", default=str(RESULTS / "hotpath.json"))
+    ap.add_argument("--cold", action="store_true", help="evict the CPU caches before every sample (see COLD_BYTES)")
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -947,10 +971,11 @@ def main(argv: list[str] | None = None) -> int:
             "step_reps": args.step_reps,
             "step_block": STEP_BLOCK,
             "batch_sizes": args.batch_sizes,
+            "cold": args.cold,
         },
         "method": (
             "stand-ins of the hooked SGLang targets, wrapped with the real hook wrappers (registry.HOOKS[id].make(kind)) "
-            "via wrapt; plain vs traced interleaved per repetition in random order; perf_counter_ns; "
+            "via patch.hooked; plain vs traced interleaved per repetition in random order; perf_counter_ns; "
             "extra = quantile(traced) - quantile(plain); each process kind in its own interpreter with the real "
             "Collector (api) or Outbox (scheduler, detokenizer) running"
         ),
@@ -962,6 +987,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "benchmarks.hotpath", "--worker", proc, "--out", out]
         cmd += ["--reps", str(args.reps), "--warmup", str(args.warmup), "--steps", str(args.steps)]
         cmd += ["--step-reps", str(args.step_reps), "--batch-sizes", *map(str, args.batch_sizes)]
+        cmd += ["--cold"] if args.cold else []
         print(f"[hotpath] {proc} ...", flush=True)
         subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
         result["processes"][proc] = json.loads(Path(out).read_text())

@@ -51,9 +51,9 @@ DESCRIPTION: dict[str, str] = {
 
 class Gate:
     """One part's switch. Hooks close over it and read ``on``; ``enabled`` is the same setting as a
-    list (``[True]`` or empty) that wrapt tests for truth in C before each call of a gated target
-    (``FunctionWrapper(..., enabled=gate.enabled)``): while off, the target is called directly, with
-    no Python frame of the plugin's in between."""
+    list (``[True]`` or empty) that ``patch.hooked`` tests for truth before each call of a gated target
+    (wrapt in C, the closures as their first step): while off, the target is called directly and no
+    hook code runs."""
 
     __slots__ = ("name", "on", "enabled")
 

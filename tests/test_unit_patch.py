@@ -37,6 +37,10 @@ def _module() -> types.ModuleType:
         def static(x):
             return x + 1
 
+        @classmethod
+        def klass(cls, x):
+            return (cls.__name__, x)
+
     def free(x):
         return x - 1
 
@@ -73,7 +77,7 @@ def test_sync_wrapper_calls_once_and_passes_result_and_exception(toy):
 
 
 def test_a_gated_target_off_skips_the_wrapper_and_on_runs_it_once(toy):
-    """The switch's gate goes to wrapt as ``enabled``: off, the bound method and the module function
+    """The switch's gate goes to the hook as ``enabled``: off, the bound method and the module function
     are called directly (the hook never runs); on again, the hook runs once per call."""
     from sglang_mmtrace.switch import Gate
 
@@ -106,6 +110,28 @@ def test_before_on_a_coroutine_returns_the_targets_own_coroutine(toy):
     assert toy.Toy.calls == 2 and len(seen) == 2
     assert kind_of(toy.Toy.coro) == "async"
     unpatch(applied)
+
+
+def test_a_classmethod_hook_sees_the_class_and_called_through_the_class_a_method_sees_self(toy):
+    """0.5.17's ``_load_single_item`` is a classmethod: the hook gets the class as ``instance`` and a
+    bound ``wrapped``; an instance method called as ``Class.method(obj, ...)`` still gets ``obj``."""
+    seen: list = []
+
+    def record(i, a, k):
+        seen.append((i, a, k))
+
+    applied = [
+        apply("toy.klass", "mmtrace_toy.Toy.klass", before("toy", record).make("sync")),
+        apply("toy.sync", "mmtrace_toy.Toy.sync", before("toy", record).make("sync")),
+    ]
+    obj = toy.Toy()
+    assert toy.Toy.klass(4) == ("Toy", 4) and obj.klass(5) == ("Toy", 5)
+    assert toy.Toy.sync(obj, "x", y=2) == ("x", 2)
+    assert seen == [(toy.Toy, (4,), {}), (toy.Toy, (5,), {}), (obj, ("x",), {"y": 2})]
+    assert inspect.signature(toy.Toy.klass) == inspect.signature(applied[0].resolved.original.__func__.__get__(toy.Toy))
+    for a in reversed(applied):
+        unpatch(a)
+    assert toy.Toy.__dict__["klass"] is applied[0].resolved.original
 
 
 def test_async_kind_preserved(toy):

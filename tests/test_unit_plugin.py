@@ -16,7 +16,7 @@ from sglang_mmtrace.sinks import nvtx
 
 
 def _raw(res):
-    """The attribute as its owner holds it (a wrapt wrapper while hooked, the original when not)."""
+    """The attribute as its owner holds it (the hook while hooked, the original when not)."""
     return vars(res.owner)[res.attr]
 
 

@@ -28,7 +28,8 @@ Nvtx = tuple[str, Callable[[Any, tuple, dict], "str | None"]]
 class HookSpec:
     """What a hook module offers for one manifest hook id.
 
-    ``make(kind)`` returns a wrapt wrapper for a target of that kind; ``install(obj)`` is for
+    ``make(kind)`` returns a wrapper in wrapt's convention ``(wrapped, instance, args, kwargs)`` for a
+    target of that kind (``patch.hooked`` installs it); ``install(obj)`` is for
     targets that are objects rather than callables (the ASGI app). ``gated=False`` for hooks that
     set the plugin up rather than measure (they keep working while the switch is off).
     """

@@ -1,0 +1,82 @@
+"""What one hooked call costs with cold CPU caches: wrapt's FunctionWrapper against ``patch.hooked``'s closure.
+
+    python -m benchmarks.cold_wrappers [--reps 400] [--json OUT]
+
+In a server a hook never runs twice in a row: SGLang's own work runs between two of its calls and
+evicts what the call touched, so what a hook costs there is its cost with cold caches, not the warm
+loop of a microbenchmark (``benchmarks/hotpath.py --cold`` shows the same for whole requests). Per
+variant, a method of a stand-in class is called once per repetition, all variants interleaved, each
+call after ``hotpath.evict_caches()`` (cold) or right after the previous one (warm); reported is the
+median extra over the unhooked method, in µs. Variants: an ``interval`` hook (enter and exit steps
+that do nothing) on and off by the switch's gate, installed by wrapt (``FunctionWrapper`` with
+``enabled``, as before issue 11) and by ``patch.hooked`` (what the plugin installs on sync targets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import wrapt
+
+from sglang_mmtrace.hooks.base import interval
+from sglang_mmtrace.patch import hooked
+
+from .hotpath import evict_caches
+
+
+def _target_class() -> type:
+    class Target:
+        def method(self, a: int, b: int = 1) -> int:
+            return a + b
+
+    return Target
+
+
+def variants() -> dict[str, Any]:
+    hook = interval("bench", lambda *a: None, lambda i, a, k: 1).make("sync")
+    out: dict[str, Any] = {"plain": _target_class()()}
+    for name, on in (("on", [True]), ("off", [])):
+        cls = _target_class()
+        cls.method = wrapt.FunctionWrapper(cls.__dict__["method"], hook, on)
+        out[f"wrapt, switch {name}"] = cls()
+        cls = _target_class()
+        cls.method = hooked(cls, cls.__dict__["method"], hook, on)
+        out[f"patch.hooked, switch {name}"] = cls()
+    return out
+
+
+def measure(reps: int, cold: bool) -> dict[str, float]:
+    objs = variants()
+    samples: dict[str, list[int]] = {k: [] for k in objs}
+    for _ in range(reps):
+        for name, obj in objs.items():
+            if cold:
+                evict_caches()
+            t0 = time.perf_counter_ns()
+            obj.method(1, b=2)
+            samples[name].append(time.perf_counter_ns() - t0)
+    base = statistics.median(samples["plain"])
+    return {"plain_us": round(base / 1e3, 2)} | {
+        k: round((statistics.median(v) - base) / 1e3, 2) for k, v in samples.items() if k != "plain"
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=400)
+    ap.add_argument("--json", help="also write the result here")
+    args = ap.parse_args()
+    result = {"warm_extra_us": measure(args.reps, False), "cold_extra_us": measure(args.reps, True)}
+    print(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
