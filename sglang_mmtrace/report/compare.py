@@ -9,8 +9,14 @@ Per group: TTFT and every stage's p50 and p95 on each side, and ``delta_p50 = p5
 with a 95% bootstrap interval (:func:`~sglang_mmtrace.bench.stats.bootstrap_median_diff_ci`: the
 sides are resampled independently, since requests of two runs do not pair up). A stage absent from
 a request counts as 0 s for it, so a stage that a cache skips shows its whole saving instead of
-dropping out of the comparison. Stages are ranked by ``|delta_p50|``, the largest effect on TTFT
-first; a delta whose interval spans zero is labelled ``no change``. Median coverage and the cache
+dropping out of the comparison. A delta whose interval spans zero is labelled ``no change``.
+
+Ranking, the largest effect on TTFT first: leaf stages (no child stage in the group) before the
+stages that contain others, since a parent's delta repeats its children's (``mm.process`` holds
+``mm.decode``) and ranked among them it would always come first and name no cause; within each,
+the changes (interval clear of zero) before the ``no change`` ones, since a noisy stage (a
+bimodal wait) can have a large median difference that its interval shows to be chance; then by
+``|delta_p50|``. Median coverage and the cache
 hit ratios are given side by side, because a changed hit ratio is usually the reason for a delta.
 
 Point values use :func:`~sglang_mmtrace.report.analysis.quantile` (the one percentile of ``report``
@@ -25,7 +31,17 @@ from typing import Any
 
 from ..bench.stats import bootstrap_median_diff_ci
 from ..stages import DISPLAY_ORDER, ROOT
-from .analysis import CACHES, cache_ratios, format_ratio, group_records, is_ok, quantile, report_group, stage_totals
+from .analysis import (
+    CACHES,
+    cache_ratios,
+    format_ratio,
+    group_records,
+    is_ok,
+    parent_stages,
+    quantile,
+    report_group,
+    stage_totals,
+)
 
 NO_CHANGE = "no change"
 SLOWER = "slower"
@@ -67,12 +83,28 @@ def compare_group(base: list[dict[str, Any]], new: list[dict[str, Any]], seed: i
     """One group's comparison from its timed records on each side (both non-empty)."""
     totals = {side: [stage_totals(r) for r in recs] for side, recs in zip(SIDES, (base, new), strict=True)}
     names = {n for side in SIDES for t in totals[side] for n in t if n != ROOT}
+    parents = parent_stages(names)
     stages = []
     for name in names:
         values = {side: [t.get(name, 0.0) for t in totals[side]] for side in SIDES}
         present = {side: sum(1 for t in totals[side] if name in t) for side in SIDES}
-        stages.append({"stage": name, **delta(values["base"], values["new"], seed), "present": present})
-    stages.sort(key=lambda s: (-abs(s["delta_p50"]), DISPLAY_ORDER.get(s["stage"], 999), s["stage"]))
+        stages.append(
+            {
+                "stage": name,
+                **delta(values["base"], values["new"], seed),
+                "present": present,
+                "leaf": name not in parents,
+            }
+        )
+    stages.sort(
+        key=lambda s: (
+            not s["leaf"],
+            s["verdict"] in (NO_CHANGE, NO_INTERVAL),
+            -abs(s["delta_p50"]),
+            DISPLAY_ORDER.get(s["stage"], 999),
+            s["stage"],
+        )
+    )
     return {
         "n": {"base": len(base), "new": len(new)},
         "ttft": delta([r["ttft_s"] for r in base], [r["ttft_s"] for r in new], seed),
@@ -146,7 +178,9 @@ def format_compare(comparison: dict[str, Any], base_label: str, new_label: str) 
             f"   {'stage (ranked by |delta|)':<30}{'BASE p50':>9}{'NEW p50':>9}{'delta':>9}  {'95% CI':<18}"
             f"{'BASE p95':>9}{'NEW p95':>9}{'present':>9}  verdict",
         ]
-        for s in g["stages"]:
+        for i, s in enumerate(g["stages"]):
+            if not s["leaf"] and (i == 0 or g["stages"][i - 1]["leaf"]):
+                lines.append("   -- stages that contain the ones above (their delta includes their children's):")
             present = f"{s['present']['base']}/{s['present']['new']}"
             lines.append(
                 f"   {s['stage']:<30}{_ms(s['base_p50']):>9}{_ms(s['new_p50']):>9}{s['delta_p50'] * 1e3:>+9.2f}"

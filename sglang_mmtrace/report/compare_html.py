@@ -4,8 +4,9 @@ Per group compared (see :mod:`sglang_mmtrace.report.compare`):
 - ``sides``: BASE's and NEW's stacked bars one above the other on one scale, built like the plain
   page's breakdown (:func:`~sglang_mmtrace.report.html.stacked_segments`: median exclusive stage
   times, so nested stages do not count twice), each against its TTFT p50 tick;
-- ``delta``: one horizontal bar per stage, ranked as in the table (TTFT first), from zero to
-  ``delta_p50`` with the 95% interval as a whisker; a ``no change`` bar is pale, so what changed stands out;
+- ``delta``: one horizontal bar per stage, ranked as in the table (TTFT first, then the leaf stages,
+  then below a dashed line, in grey, the stages that contain others), from zero to ``delta_p50``
+  with the 95% interval as a whisker; a ``no change`` bar is pale, so what changed stands out;
 - the cache hit ratios of both sides, and the ranked stage table.
 The groups found on one side only are listed. Every string from the records is escaped.
 """
@@ -28,6 +29,8 @@ TTFT_COLOR = "#424242"
 DELTA_HALF_W = 360  # px from the zero line to the largest |delta| or interval end
 DELTA_ROW_H = 18
 SIDE_LABELS = {"base": "BASE", "new": "NEW"}
+CONTAINS_COLOR = "#757575"  # stages that contain others: shown, but muted (their delta repeats their children's)
+CONTAINS_ROW = f' style="color:{CONTAINS_COLOR}"'
 
 
 def _stack(side: str, segs: list[tuple[str, float]], scale: float, ttft_p50: float, y: int) -> str:
@@ -66,11 +69,17 @@ def _delta_chart(rows: list[tuple[str, dict[str, Any]]]) -> str:
         opacity = "0.3" if d["verdict"] == NO_CHANGE else "1"
         ci = d["ci"]
         tip = f"{name}: {d['delta_p50'] * 1e3:+.2f} ms, 95% CI {format_ci(ci)} ms, {d['verdict']}"
+        contains = d.get("leaf") is False  # TTFT has no such key
+        label_style = f' style="fill:{CONTAINS_COLOR}"' if contains else ""
+        if contains and rows[i - 1][1].get("leaf", True):
+            parts.append(
+                f'<line x1="0" x2="{zero + DELTA_HALF_W}" y1="{y}" y2="{y}" stroke="#999" stroke-dasharray="4,3"/>'
+            )
         parts.append(
             f'<g class="delta-row" data-stage="{_attr(name)}" data-verdict="{_attr(d["verdict"])}" '
             f'data-ms="{d["delta_p50"] * 1e3:.6f}" data-lo="{"" if ci is None else f"{ci[0] * 1e3:.6f}"}" '
             f'data-hi="{"" if ci is None else f"{ci[1] * 1e3:.6f}"}"><title>{escape(tip)}</title>'
-            f'<text x="4" y="{y + 13}">{escape(name)}</text>'
+            f'<text x="4" y="{y + 13}"{label_style}>{escape(name)}</text>'
             f'<rect class="delta-bar" x="{x0:.3f}" y="{y + 3}" width="{max(x1 - x0, 1.0):.3f}" '
             f'height="{DELTA_ROW_H - 6}" fill="{color}" fill-opacity="{opacity}"/>'
         )
@@ -102,7 +111,7 @@ def _cache_table(cache: dict[str, dict[str, Any]]) -> str:
 
 def _stage_table(stages: list[dict[str, Any]]) -> str:
     rows = "".join(
-        f"<tr><td>{escape(s['stage'])}</td><td>{_ms(s['base_p50'])}</td><td>{_ms(s['new_p50'])}</td>"
+        f"<tr{'' if s['leaf'] else CONTAINS_ROW}><td>{escape(s['stage'])}</td><td>{_ms(s['base_p50'])}</td><td>{_ms(s['new_p50'])}</td>"
         f"<td>{s['delta_p50'] * 1e3:+.2f} ms</td><td>{escape(format_ci(s['ci']))}</td><td>{_ms(s['base_p95'])}</td>"
         f"<td>{_ms(s['new_p95'])}</td><td>{s['present']['base']}/{s['present']['new']}</td>"
         f"<td>{escape(s['verdict'])}</td></tr>"
@@ -177,7 +186,8 @@ def render_compare_html(
 <div class="muted">BASE = {escape(base_label)} ({len(sides["base"])} records), NEW = {escape(new_label)}
 ({len(sides["new"])} records); {len(comparison["groups"])} groups compared; generated {now}.
 The delta is p50(NEW) &minus; p50(BASE) with a 95% bootstrap interval (each side resampled on its own);
-a stage a request did not run counts as 0 ms for it; pale bars: the interval spans zero (no change).</div>
+a stage a request did not run counts as 0 ms for it; pale bars: the interval spans zero (no change).
+Below the dashed line, in grey: stages that contain others (their delta includes their children's).</div>
 <div class="legend">{legend}</div>
 {"".join(blocks)}
 {f'<section id="one-sided"><h2>Not compared</h2><ul>{one_sided}</ul></section>' if one_sided else ""}
