@@ -1,7 +1,7 @@
 """``sglang-mmtrace report FILE.jsonl``: the per-stage table, and optionally an HTML page and a Chrome trace.
 
 ``sglang-mmtrace report --compare BASE NEW``: the same groups in two record files, compared: per
-group and stage the change of the p50 with a bootstrap 95% interval, ranked by size
+group and stage the change of the p50 with a bootstrap 95% interval, ranked
 (:mod:`sglang_mmtrace.report.compare`); ``--json`` and ``--html`` as for one file, no Chrome trace.
 One file or ``--compare``, not both; exit 1 when the two files have no group in common.
 
@@ -44,9 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar=("BASE", "NEW"),
         help="compare two record files: per group and stage, p50(NEW) - p50(BASE) with a 95%% interval, ranked",
     )
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     parser.add_argument(
-        "--html", metavar="OUT", help="write a self-contained HTML page (charts, waterfalls); creates OUT's folder"
+        "--json", action="store_true", help="print the summary (or the comparison) as JSON instead of the table"
+    )
+    parser.add_argument(
+        "--html",
+        metavar="OUT",
+        help="write a self-contained HTML page (charts, waterfalls; with --compare the deltas); creates OUT's folder",
     )
     parser.add_argument(
         "--chrome-trace",

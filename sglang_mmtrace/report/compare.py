@@ -52,7 +52,7 @@ NO_INTERVAL = "no interval"
 SIDES = ("base", "new")
 
 
-def verdict(ci: tuple[float, float] | None) -> str:
+def verdict(ci: list[float] | None) -> str:
     """What the interval of ``NEW - BASE`` says: only an interval clear of zero is a change."""
     if ci is None:
         return NO_INTERVAL
@@ -67,21 +67,22 @@ def delta(base: list[float], new: list[float], seed: int = 0) -> dict[str, Any]:
 
     ``ci`` is None (JSON null, not NaN) when a side has fewer than 2 values."""
     lo, hi = bootstrap_median_diff_ci(base, new, seed=seed)
-    ci = None if math.isnan(lo) else (lo, hi)
+    ci = None if math.isnan(lo) else [lo, hi]
     return {
         "base_p50": quantile(base, 0.5),
         "base_p95": quantile(base, 0.95),
         "new_p50": quantile(new, 0.5),
         "new_p95": quantile(new, 0.95),
         "delta_p50": quantile(new, 0.5) - quantile(base, 0.5),
-        "ci": None if ci is None else list(ci),
+        "ci": ci,
         "verdict": verdict(ci),
     }
 
 
 def compare_group(base: list[dict[str, Any]], new: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
     """One group's comparison from its timed records on each side (both non-empty)."""
-    totals = {side: [stage_totals(r) for r in recs] for side, recs in zip(SIDES, (base, new), strict=True)}
+    sides = dict(zip(SIDES, (base, new), strict=True))
+    totals = {side: [stage_totals(r) for r in recs] for side, recs in sides.items()}
     names = {n for side in SIDES for t in totals[side] for n in t if n != ROOT}
     parents = parent_stages(names)
     stages = []
@@ -106,12 +107,10 @@ def compare_group(base: list[dict[str, Any]], new: list[dict[str, Any]], seed: i
         )
     )
     return {
-        "n": {"base": len(base), "new": len(new)},
+        "n": {side: len(recs) for side, recs in sides.items()},
         "ttft": delta([r["ttft_s"] for r in base], [r["ttft_s"] for r in new], seed),
-        "coverage_p50": {
-            side: quantile((r["coverage"] for r in recs), 0.5) for side, recs in zip(SIDES, (base, new), strict=True)
-        },
-        "cache": {side: cache_ratios(recs) for side, recs in zip(SIDES, (base, new), strict=True)},
+        "coverage_p50": {side: quantile((r["coverage"] for r in recs), 0.5) for side, recs in sides.items()},
+        "cache": {side: cache_ratios(recs) for side, recs in sides.items()},
         "stages": stages,
     }
 
@@ -158,7 +157,8 @@ def format_compare(comparison: dict[str, Any], base_label: str, new_label: str) 
     lines = [
         f"BASE = {base_label}",
         f"NEW  = {new_label}",
-        "delta = p50(NEW) - p50(BASE) with a 95% bootstrap interval; 'no change' when it spans zero",
+        "delta = p50(NEW) - p50(BASE) with a 95% bootstrap interval; 'no change' when it spans zero;",
+        "stages ranked: the changes by |delta|, then the rest; stages containing others last",
         "",
     ]
     for name, g in comparison["groups"].items():
@@ -175,7 +175,7 @@ def format_compare(comparison: dict[str, Any], base_label: str, new_label: str) 
                 f"{c} {format_ratio(g['cache']['base'][c])} -> {format_ratio(g['cache']['new'][c])}"
                 for c in (*CACHES, "prefix_tokens")
             ),
-            f"   {'stage (ranked by |delta|)':<30}{'BASE p50':>9}{'NEW p50':>9}{'delta':>9}  {'95% CI':<18}"
+            f"   {'stage':<30}{'BASE p50':>9}{'NEW p50':>9}{'delta':>9}  {'95% CI':<18}"
             f"{'BASE p95':>9}{'NEW p95':>9}{'present':>9}  verdict",
         ]
         for i, s in enumerate(g["stages"]):
