@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from record_checks import repeated_stage_problems
 
 from sglang_mmtrace.bench.records import RecordsTail
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
-from sglang_mmtrace.harness import CpuServer
+from sglang_mmtrace.harness import CpuServer, ensure_tiny_model
 
 STATE_PATH = "/mmtrace/state"
 HEALTH_TIMEOUT_S = 900.0  # healthy after ~45 s alone on 2 cores; minutes when the machine is shared
@@ -32,10 +33,12 @@ def start_server(
     env: Mapping[str, str] | None = None,
     server_args: Sequence[str] = DEMO_SERVER_ARGS,
     plugin_enabled: bool = True,
+    cache_dir: Path | None = None,
 ) -> Iterator[CpuServer]:
     """A real CPU server with its records and log in a fresh temp folder ``name``; stopped on exit.
 
-    Every real-server fixture goes through here, so they differ only in what they pass.
+    Every real-server fixture goes through here, so they differ only in what they pass
+    (``cache_dir``: where the model is, e.g. :func:`capped_model_cache`; default the shared one).
     """
     folder = tmp_path_factory.mktemp(name)
     srv = CpuServer(
@@ -44,6 +47,7 @@ def start_server(
         log_path=folder / "server.log",
         health_timeout=HEALTH_TIMEOUT_S,
         plugin_enabled=plugin_enabled,
+        cache_dir=cache_dir,
         # SGLang's timeout for fetching image URLs (default 3 s) is too short on a shared 2-core machine.
         env={"REQUEST_TIMEOUT": "60", **(env or {})},
     )
@@ -52,6 +56,27 @@ def start_server(
         yield srv
     finally:
         srv.stop()
+
+
+def capped_model_cache(root: Path, max_pixels: int) -> Path:
+    """A model cache holding the tiny model with the image processor capped at ``max_pixels``
+    (``size.longest_edge`` in ``processor_config.json``; the weights are a link to the shared copy).
+
+    The tiny model's own cap (16,777,216 px) turns a large image into thousands of visual tokens; with a
+    lower cap a large image costs its decode and resize, and the encoder sees the capped size."""
+    src = ensure_tiny_model()
+    dst = root / src.name
+    dst.mkdir(parents=True)
+    for item in src.iterdir():
+        if item.name == "processor_config.json":
+            cfg = json.loads(item.read_text())
+            cfg["image_processor"]["size"]["longest_edge"] = max_pixels
+            (dst / item.name).write_text(json.dumps(cfg, indent=2))
+        elif item.name == "model.safetensors":
+            (dst / item.name).symlink_to(item)
+        else:
+            shutil.copy2(item, dst / item.name)
+    return root
 
 
 @pytest.fixture(scope="session")

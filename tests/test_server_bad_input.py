@@ -21,19 +21,17 @@ import base64
 import contextlib
 import json
 import re
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import HEALTH_TIMEOUT_S, read_records, records, server_context, state
+from conftest import HEALTH_TIMEOUT_S, capped_model_cache, read_records, records, server_context, state
 from reliability import RESULTS, ImageHost, at_rest_problems, chat_body, post, settled_state, sse_usage
 
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.config import Config
-from sglang_mmtrace.harness import CpuServer, data_url, ensure_tiny_model, make_image
+from sglang_mmtrace.harness import CpuServer, data_url, make_image
 
 pytestmark = pytest.mark.server
 
@@ -79,26 +77,9 @@ def _error_shape(status: int, raw: bytes) -> Any:
     return body
 
 
-def capped_model_cache(root: Path) -> Path:
-    """A model cache holding the tiny model with the image processor capped at MAX_PIXELS."""
-    src = ensure_tiny_model()
-    dst = root / src.name
-    dst.mkdir(parents=True)
-    for item in src.iterdir():
-        if item.name == "processor_config.json":
-            cfg = json.loads(item.read_text())
-            cfg["image_processor"]["size"]["longest_edge"] = MAX_PIXELS
-            (dst / item.name).write_text(json.dumps(cfg, indent=2))
-        elif item.name == "model.safetensors":
-            (dst / item.name).symlink_to(item)
-        else:
-            shutil.copy2(item, dst / item.name)
-    return root
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    cache = capped_model_cache(tmp_path_factory.mktemp("bad-input-model"))
+    cache = capped_model_cache(tmp_path_factory.mktemp("bad-input-model"), MAX_PIXELS)
 
     def make(name: str, plugin: bool) -> CpuServer:
         folder = tmp_path_factory.mktemp(name)

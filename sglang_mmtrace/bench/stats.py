@@ -34,6 +34,26 @@ def bootstrap_median_ci(xs: Any, n_boot: int = N_BOOT, alpha: float = 0.05, seed
     return bootstrap_quantile_ci(xs, 0.5, n_boot=n_boot, alpha=alpha, seed=seed)
 
 
+def bootstrap_median_diff_ci(
+    a: Sequence[float], b: Sequence[float], n_boot: int = N_BOOT, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``median(b) - median(a)`` for two independent samples.
+
+    Each side is resampled on its own (``report --compare``: two runs, two servers, no pairing of
+    requests), so unequal sizes are fine. NaN bounds when a side has fewer than 2 samples: a
+    "bootstrap" of one value is that value, an interval of width zero that would call any
+    difference real. The fixed seed makes the same two files give the same interval.
+    """
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.size < 2 or y.size < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    mx = np.median(x[rng.integers(0, x.size, size=(n_boot, x.size))], axis=1)
+    my = np.median(y[rng.integers(0, y.size, size=(n_boot, y.size))], axis=1)
+    diffs = my - mx
+    return float(np.quantile(diffs, alpha / 2)), float(np.quantile(diffs, 1 - alpha / 2))
+
+
 def paired_ratio_ci(
     a: Sequence[float], b: Sequence[float], n_boot: int = N_BOOT, alpha: float = 0.05, seed: int = 0
 ) -> tuple[float, float, float]:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.records import RecordsTail
-from ..report.analysis import format_table, quantile, summarize
-from ..stages import ROOT, STAGES
+from ..report.analysis import format_table, parent_stages, quantile, summarize
+from ..stages import ROOT
 
 QUESTION = "What is in this image?"
 DEMO_SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")
@@ -56,7 +56,7 @@ SKIPPED_MIN_S = 0.5e-3  # a stage a cache skipped is named when it took at least
 
 def _leaves(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The stages of a summary with no child stage in it: their shares do not overlap."""
-    parents = {STAGES[s].parent for s in stages if s in STAGES}
+    parents = parent_stages(stages)
     return {s: v for s, v in stages.items() if s != ROOT and s not in parents}
 
 

@@ -2,7 +2,8 @@
 
 - ``doctor``: what the plugin would hook on the installed SGLang, its configuration and limits.
 - ``demo``: the real SGLang server on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed.
-- ``report``: per-stage tables from a records JSONL (``--html``, ``--chrome-trace``).
+- ``report``: per-stage tables from a records JSONL (``--html``, ``--chrome-trace``); ``--compare
+  BASE NEW``: two JSONL files, per group and stage the change of p50 with a 95% interval, ranked.
 - ``nsys``: an Nsight Systems sqlite export's stage NVTX ranges and GPU time, against records.
 - ``bench``: the controlled experiments against a running server.
 """
@@ -31,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import report as report_cli
 
     report = sub.add_parser(
-        "report", help="per-stage table (p50, p95, share of TTFT) from a JSONL file; --html, --chrome-trace"
+        "report",
+        help="per-stage table (p50, p95, share of TTFT) from a JSONL file; --html, --chrome-trace;"
+        " --compare BASE NEW: the change per stage, with intervals",
     )
     report_cli.add_arguments(report)
 

@@ -1,5 +1,10 @@
 """``sglang-mmtrace report FILE.jsonl``: the per-stage table, and optionally an HTML page and a Chrome trace.
 
+``sglang-mmtrace report --compare BASE NEW``: the same groups in two record files, compared: per
+group and stage the change of the p50 with a bootstrap 95% interval, ranked
+(:mod:`sglang_mmtrace.report.compare`); ``--json`` and ``--html`` as for one file, no Chrome trace.
+One file or ``--compare``, not both; exit 1 when the two files have no group in common.
+
 Groups are the bench's ``experiment / variant`` when the records carry a ``bench`` key (the
 output of ``sglang-mmtrace bench``), else the request kind derived from the record.
 
@@ -21,6 +26,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..report.analysis import RecordsError, format_table, load_records, report_group, summarize
 
@@ -29,10 +35,22 @@ SHOWN_SKIPS = 3  # bad lines named on stderr; the rest are counted
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="records: the server's SGLANG_MMTRACE_JSONL or bench output")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     parser.add_argument(
-        "--html", metavar="OUT", help="write a self-contained HTML page (charts, waterfalls); creates OUT's folder"
+        "file", nargs="?", help="records: the server's SGLANG_MMTRACE_JSONL or bench output (not with --compare)"
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BASE", "NEW"),
+        help="compare two record files: per group and stage, p50(NEW) - p50(BASE) with a 95%% interval, ranked",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the summary (or the comparison) as JSON instead of the table"
+    )
+    parser.add_argument(
+        "--html",
+        metavar="OUT",
+        help="write a self-contained HTML page (charts, waterfalls; with --compare the deltas); creates OUT's folder",
     )
     parser.add_argument(
         "--chrome-trace",
@@ -58,27 +76,46 @@ def _describe_skipped(skipped: list[tuple[int, str]]) -> str:
     return f"{len(skipped)} line{'s' if len(skipped) != 1 else ''} skipped ({named}{more})"
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        loaded = load_records(args.file)
-    except RecordsError as exc:
-        return _error(str(exc))
+def _load(path: str, include_warmup: bool) -> list[dict[str, Any]]:
+    """The records of ``path`` to report on; skipped lines and left-out warm-ups are said on stderr.
+
+    Raises :class:`RecordsError` (one line) for a file that cannot be read, holds no valid record,
+    or only warm-up records."""
+    loaded = load_records(path)
     if not loaded.records:
-        return _error(
-            f"{args.file}: no valid records; {_describe_skipped(loaded.skipped)}"
+        raise RecordsError(
+            f"{path}: no valid records; {_describe_skipped(loaded.skipped)}"
             if loaded.skipped
-            else f"{args.file}: no records (empty file)"
+            else f"{path}: no records (empty file)"
         )
     if loaded.skipped:
-        print(f"{PROG}: {args.file}: {_describe_skipped(loaded.skipped)}", file=sys.stderr)
+        print(f"{PROG}: {path}: {_describe_skipped(loaded.skipped)}", file=sys.stderr)
     records = loaded.records
-    if not args.include_warmup:
+    if not include_warmup:
         warm = sum(1 for r in records if r.get("warmup"))
         if warm:
             records = [r for r in records if not r.get("warmup")]
             if not records:
-                return _error(f"{args.file}: only warm-up records; --include-warmup shows them")
-            print(f"{PROG}: {warm} warm-up record(s) left out (--include-warmup keeps them)", file=sys.stderr)
+                raise RecordsError(f"{path}: only warm-up records; --include-warmup shows them")
+            print(f"{PROG}: {path}: {warm} warm-up record(s) left out (--include-warmup keeps them)", file=sys.stderr)
+    return records
+
+
+def _write_error(exc: OSError, outputs: tuple[str | None, ...]) -> int:
+    """A file where the folder should be, an output that is a folder, no permission, disk full."""
+    what = "write" if exc.filename in outputs else "create folder"
+    return _error(f"cannot {what} {exc.filename}: {exc.strerror or exc}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.compare:
+        return _run_compare(args)
+    if args.file is None:
+        return _error("a records file, or --compare BASE NEW, is required")
+    try:
+        records = _load(args.file, args.include_warmup)
+    except RecordsError as exc:
+        return _error(str(exc))
     summary = summarize(records, report_group)
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
     try:
@@ -94,7 +131,40 @@ def run(args: argparse.Namespace) -> int:
             Path(args.chrome_trace).parent.mkdir(parents=True, exist_ok=True)
             slices = write_trace(records, args.chrome_trace, report_group)
             print(f"Chrome trace ({slices} slices): {args.chrome_trace}", file=sys.stderr)
-    except OSError as exc:  # a file where the folder should be, an output that is a folder, no permission, disk full
-        what = "write" if exc.filename in (args.html, args.chrome_trace) else "create folder"
-        return _error(f"cannot {what} {exc.filename}: {exc.strerror or exc}")
+    except OSError as exc:
+        return _write_error(exc, (args.html, args.chrome_trace))
+    return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    """``--compare BASE NEW``: load both (same rules as one file), compare, print, optionally --html."""
+    if args.file is not None:
+        return _error(f"give either a records file or --compare BASE NEW, not both ({args.file})")
+    if args.chrome_trace:
+        return _error("--chrome-trace takes one records file, not --compare")
+    try:
+        from ..report.compare import compare, format_compare
+    except ImportError as exc:  # the bootstrap is numpy's; plain report runs without it
+        return _error(f"--compare needs numpy: {exc}")
+    base_path, new_path = args.compare
+    try:
+        base, new = (_load(path, args.include_warmup) for path in (base_path, new_path))
+    except RecordsError as exc:
+        return _error(str(exc))
+    comparison = compare(base, new, report_group)
+    if not comparison["groups"]:
+        return _error(
+            f"no group in common: BASE has {', '.join(comparison['only_base']) or 'no timed group'};"
+            f" NEW has {', '.join(comparison['only_new']) or 'no timed group'}"
+        )
+    print(json.dumps(comparison, indent=2) if args.json else format_compare(comparison, base_path, new_path))
+    if args.html:
+        from ..report.compare_html import write_compare_html
+
+        try:
+            Path(args.html).parent.mkdir(parents=True, exist_ok=True)
+            write_compare_html(base, new, args.html, base_path, new_path, report_group)
+        except OSError as exc:
+            return _write_error(exc, (args.html,))
+        print(f"HTML comparison: {args.html}", file=sys.stderr)
     return 0

@@ -1,5 +1,8 @@
 """``sglang-mmtrace report`` outputs beyond the text table: a self-contained HTML page and a Chrome trace.
 
+``report --compare BASE NEW`` has its numbers in :mod:`~sglang_mmtrace.report.compare` and its page in
+:mod:`~sglang_mmtrace.report.compare_html` (imported where used: the interval needs numpy).
+
 The numbers come from :mod:`sglang_mmtrace.report.analysis`; stage names, order and colours from the
 catalogue (:mod:`sglang_mmtrace.stages`) and the NVTX group colours.
 """

@@ -154,6 +154,20 @@ def stage_totals(rec: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def parent_stages(names: Iterable[str]) -> set[str]:
+    """The catalogue ancestors of ``names`` (parents, their parents...): the stages whose time holds another's.
+
+    The stages of ``names`` not in this set are leaves there; leaf times do not overlap by nesting,
+    so they can be ranked or shared out against each other (a parent would repeat its children)."""
+    out: set[str] = set()
+    for name in names:
+        parent = STAGES[name].parent if name in STAGES else None
+        while parent is not None:
+            out.add(parent)
+            parent = STAGES[parent].parent
+    return out
+
+
 def exclusive_times(rec: dict[str, Any]) -> dict[str, float]:
     """Seconds of ``[0, ttft_s]`` during which each stage was the most specific one running.
 
