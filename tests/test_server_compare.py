@@ -34,11 +34,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from conftest import capped_model_cache, records, server_context, start_server
-from peers.chromium import dump_dom, parse_dom, screenshot
-from PIL import Image
+from peers.chromium import dump_dom, ink, parse_dom
 
 from sglang_mmtrace.cli.main import main
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
@@ -145,11 +143,7 @@ def test_compare_html_renders_in_headless_chromium(files, capsys) -> None:
     page = files["folder"] / "compare.html"
     capsys.readouterr()
     assert main(["report", "--compare", str(files["a"]), str(files["b"]), "--html", str(page)]) == 0
-    png = screenshot(page, files["folder"] / "compare.png")
-    with Image.open(png) as img:
-        pixels = np.asarray(img.convert("RGB"))
-    non_white = float((pixels.min(axis=2) < 235).mean())
-    colours = len(np.unique(pixels.reshape(-1, 3), axis=0))
+    non_white, colours = ink(page, files["folder"] / "compare.png")
     assert non_white > 0.03 and colours > 50, f"blank-looking screenshot: {non_white:.3f} non-white, {colours} colours"
 
     dom = parse_dom(dump_dom(page))

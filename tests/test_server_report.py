@@ -20,11 +20,9 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 import pytest
 from conftest import records, server_context
-from peers.chromium import dump_dom, parse_dom, screenshot
-from PIL import Image
+from peers.chromium import dump_dom, ink, parse_dom
 
 from sglang_mmtrace.cli.main import main
 from sglang_mmtrace.harness import chat_request, data_url, image_message, make_image, stream_chat
@@ -235,11 +233,7 @@ def test_html_renders_in_headless_chromium(sent, capsys) -> None:
     page = sent["folder"] / "report.html"
     _report(capsys, sent["bench"], "--html", page)
 
-    png = screenshot(page, sent["folder"] / "report.png")
-    with Image.open(png) as img:
-        pixels = np.asarray(img.convert("RGB"))
-    non_white = float((pixels.min(axis=2) < 235).mean())
-    colours = len(np.unique(pixels.reshape(-1, 3), axis=0))
+    non_white, colours = ink(page, sent["folder"] / "report.png")
     assert non_white > 0.05 and colours > 50, f"blank-looking screenshot: {non_white:.3f} non-white, {colours} colours"
 
     dom = parse_dom(dump_dom(page))

@@ -56,6 +56,17 @@ def screenshot(page: Path, out: Path, width: int = 1400, height: int = 2000) -> 
     return out
 
 
+def ink(page: Path, out: Path) -> tuple[float, int]:
+    """Screenshot ``page`` into ``out``: (fraction of non-white pixels, distinct colours), for the
+    tests that check a rendered chart is not blank."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(screenshot(page, out)) as img:
+        pixels = np.asarray(img.convert("RGB"))
+    return float((pixels.min(axis=2) < 235).mean()), len(np.unique(pixels.reshape(-1, 3), axis=0))
+
+
 def dump_dom(page: Path) -> str:
     """The DOM after the page loaded, serialized as HTML (what the browser built, not the file)."""
     return _run(page, "--dump-dom").stdout
