@@ -50,7 +50,7 @@ the next process had not already started (a gap between the two ends it joins), 
 the prompt tokens SGLang served from its radix (prefix) cache. "coverage": the part of TTFT the stages
 explain."""
 TOP_STAGES = 2  # named per request kind in the findings
-LOG_NOISE = ("warn", "GET /health")  # start-up log lines not worth showing as progress
+LOG_NOISE = ("warn", "get /health")  # start-up log lines not worth showing as progress (lower case)
 SKIPPED_MIN_S = 0.5e-3  # a stage a cache skipped is named when it took at least this on a new image
 
 
@@ -166,7 +166,9 @@ def _run(args: argparse.Namespace, jsonl: str, info: Any) -> int:
     from ..harness import CpuServer
 
     def progress(seconds: float, log_tail: str) -> None:
-        said = [ln.strip() for ln in log_tail.splitlines() if ln.strip() and not any(n in ln for n in LOG_NOISE)]
+        said = [
+            ln.strip() for ln in log_tail.splitlines() if ln.strip() and not any(n in ln.lower() for n in LOG_NOISE)
+        ]
         print(
             f"  ... SGLang still starting ({seconds:.0f} s)" + (f": {said[-1][-110:]}" if said else ""),
             file=info,
