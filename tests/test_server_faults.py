@@ -237,7 +237,7 @@ def test_readonly_jsonl_folder(servers, places):
     lines = [line for line in plugin_lines(srv) if "JSONL" in line]
     assert len(lines) == 1, "\n".join(plugin_lines(srv))
     requests = _wait(lambda: metric_total(srv, "sglang_mmtrace_requests_total", "status").get("ok"))
-    assert requests == base + BATCH
+    assert base >= 1 and requests == base - 1 + BATCH  # every record but the start-up warm-up's
     errors = _wait(lambda: metric_total(srv, "sglang_mmtrace_errors_total", "component").get("sink.jsonl"))
     assert errors == 1
     FIGURE["JSONL folder read-only (" + places["ro_kind"] + ")"] = {
