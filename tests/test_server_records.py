@@ -369,17 +369,17 @@ def test_contract_stage_catalogue_is_what_the_cases_cover(exchanges, server):
     assert not missing, f"core stages never recorded: {missing}" + server_context(server)
 
 
-def test_warmup_requests_are_marked_and_no_other(server):
+def test_warmup_requests_are_marked_and_no_other(server, exchanges):
     """SGLang's own start-up request (sent while its server status is "Starting", the JIT-bound first
-    request) and a request sent with ``X-Mmtrace-Warmup: 1`` carry ``"warmup": true``; no other record
-    of the run does, so ``report`` and the metrics leave out exactly these two."""
+    request) and a request sent with ``X-Mmtrace-Warmup: 1`` carry ``"warmup": true``; the requests
+    this module sent without the header do not. (Other modules' bench runs on this shared server send
+    their own warm-ups with the header, so the file may hold more marked records.)"""
     from sglang_mmtrace.bench.client import timed_chat
 
     messages = [image_message("What is in this picture?", [data_url(make_image(48, 40, seed=913))])]
     out = timed_chat(server.base_url, messages, max_tokens=2, warmup=True)
     assert records(server, [out["id"]])[out["id"]]["warmup"] is True
-    everything = read_records(server.jsonl_path)
-    first = everything[0]  # SGLang answers /health only after its warm-up: its record comes first
+    first = read_records(server.jsonl_path)[0]  # SGLang answers /health only after its warm-up: it comes first
     assert first.get("warmup") is True and first["status"] == "ok", server_context(server)
-    assert {r["rid"] for r in everything if r.get("warmup")} == {first["rid"], out["id"]}
-    assert all("warmup" not in r for r in everything if r["rid"] not in (first["rid"], out["id"]))
+    ours = [ex for exs in exchanges.values() for ex in exs if not ex.failure]
+    assert len(ours) > 10 and all("warmup" not in ex.record for ex in ours)
