@@ -191,8 +191,7 @@ class CpuServer:
             os.close(fd)
             self.log_path = Path(name)
         else:
-            self.log_path = self._log_path_arg
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path = self._log_path_arg  # _launch creates its folder
 
         return self._launch(self.environment(stub_dir))
 

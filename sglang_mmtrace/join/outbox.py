@@ -48,8 +48,7 @@ class Outbox:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # the socket: the emitting thread and the control thread
         self._sock: Any = None
-        self._wake: Any = None  # stop() -> the control thread (an inproc PUSH; the thread holds the PULL)
-        self._wake_address = f"inproc://mmtrace-outbox-wake-{id(self)}"
+        self._wake_address = f"inproc://mmtrace-outbox-wake-{id(self)}"  # stop() -> the control thread
         self._stopping = False
         self._pid = os.getpid()
         self.pending_gauges: dict[str, Any] = {}

@@ -42,7 +42,6 @@ class Clock:
     def __init__(self) -> None:
         self.marks: cuda_marks.Marks | None = None
         self.ref: int | None = None
-        self.t_ref = 0.0
         if config.get().gpu_timing and switch.on("cuda_events"):
             self.marks = cuda_marks.device_marks()
             self.ref = self.marks.mark() if self.marks is not None else None
