@@ -504,6 +504,15 @@ def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatc
     assert res["ab"]["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 12, "off_with_record": 0}
     assert res["aa"]["records"]["on_with_record"] == 0
     assert len(out.lines) == 4 * 2 * 3 * 2
+    # the A/A control alone (a device call too short for both runs)
+    events.clear()
+    opts.ab = False
+    out = driver.Outcome()
+    driver.run_crossover(st, out)
+    assert [n for e, n in events if e == "start"] == [
+        "crossover-aa0-on", "crossover-aa0-off", "crossover-aa1-off", "crossover-aa1-on",
+    ]  # fmt: skip
+    assert set(out.results["overhead-crossover"]) >= {"aa"} and "ab" not in out.results["overhead-crossover"]
 
 
 def _dead_url() -> str:

@@ -184,9 +184,8 @@ def run_crossover(st: Settings, out: Outcome, after_launch: Callable[[Outcome], 
     lines: list[dict[str, Any]] = []
     launches: list[dict[str, Any]] = []
     longest = 0.0
-    schedule = [
-        (r, c, j) for r, c in (("ab", False), ("aa", True)) if opts.aa or not c for j in range(2 * opts.launches)
-    ]
+    runs = [run for run, wanted in (("ab", opts.ab), ("aa", opts.aa)) if wanted]
+    schedule = [(r, r == "aa", j) for r in runs for j in range(2 * opts.launches)]
     for run_name, control, j in schedule:
         orientation = oh.ORIENTATIONS[j % 2]
         if opts.deadline is not None and time.time() + 1.1 * longest > opts.deadline:

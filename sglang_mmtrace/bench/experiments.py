@@ -61,7 +61,8 @@ class Options:
     gap_s: float = 0.1  # overhead / ablation: idle gap between a response's end and the next request
     keep_records: bool = False  # overhead / ablation: after a request with records on, wait until its record is built
     ablation_parts: tuple[str, ...] = PARTS  # ablation levels in order; "a+b" adds a group of parts at one level
-    launches: int = 2  # overhead-crossover: launches per orientation (A/B, and A/A unless aa is False)
+    launches: int = 2  # overhead-crossover: launches per orientation (A/B unless ab is False, A/A unless aa is)
+    ab: bool = True  # overhead-crossover: the A/B launches (one server SGLANG_MMTRACE=1, one =0)
     aa: bool = True  # overhead-crossover: also the A/A control (both servers SGLANG_MMTRACE=0)
     deadline: float | None = None  # wall-clock epoch seconds: stop sending new requests after it
 
