@@ -210,9 +210,10 @@ def resolution(opts: Options) -> list[Planned]:
     def req(w: int, h: int, aspect: str, kind: str, r: int, warm: bool = False) -> Planned:
         url, size = repeated[(w, h)] if kind == "repeated" else image(w, h, f"res {w}x{h} {r}")
         extra = {"width": w, "height": h, "aspect": aspect, "kind": kind, "image_bytes": size}
-        i = RESOLUTION_KINDS.index(kind)
+        i = order[(w, h)] * len(RESOLUTION_KINDS) + RESOLUTION_KINDS.index(kind)  # tables list by pixels
         return Planned(exp, f"{w}x{h} {kind}", i, f"{w}x{h}", [image_message(QUESTION, [url])], r, warm, extra)
 
+    order = {(w, h): i for i, (w, h, _) in enumerate(shapes)}
     w0, h0, a0 = shapes[0]
     plan = [req(w, h, a, "repeated", -1, True) for w, h, a in shapes]
     plan += [req(w0, h0, a0, "new", -1, True) for _ in range(opts.warmup)]

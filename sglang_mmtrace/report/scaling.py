@@ -8,7 +8,8 @@ stage's p50 and p95 (seconds per request, a repeated stage such as per-image ``m
 The fit: per kind and stage, ordinary least squares over the requests, ``seconds = intercept +
 slope * x`` with ``x`` the request's megapixels, and again with its visual tokens. The slope gets a
 95% percentile-bootstrap interval (requests resampled with their x); a stage ``scales`` only when
-the interval lies above zero (``falls``: below zero; ``flat``: spans it). A stage that is absent
+the interval lies above zero (``falls``: below zero; ``flat``: spans it; ``no interval``: fewer
+than 3 requests or one size, or no numpy). A stage that is absent
 from a request counts as 0 s there (a cache hit that skips it), and a stage is fitted only when at
 least half of the kind's requests ran it. Per-request values rather than per-shape p50s: the
 interval then reflects the spread of the requests, not only of seven medians.
@@ -25,7 +26,7 @@ from .analysis import is_ok, quantile, stage_totals
 
 EXPERIMENT = "resolution"
 TTFT = "TTFT"
-SCALES, FLAT, FALLS = "scales", "flat", "falls"
+SCALES, FLAT, FALLS, NO_INTERVAL = "scales", "flat", "falls", "no interval"
 XS = {"megapixels": 1.0, "visual_tokens": 1000.0}
 """The fits' x variables and the unit a slope is given per (1 megapixel; 1000 visual tokens)."""
 
@@ -47,14 +48,17 @@ def visual_tokens(line: dict[str, Any]) -> int | None:
 
 def fit_line(xs: list[float], ys: list[float], seed: int = 0) -> dict[str, Any]:
     """Least squares ``y = intercept + slope * x`` and the slope's 95% bootstrap interval."""
-    from ..bench.stats import bootstrap_slope_ci
-
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx > 0 else float("nan")
-    lo, hi = bootstrap_slope_ci(xs, ys, seed=seed)
-    verdict = SCALES if lo > 0 else FALLS if hi < 0 else FLAT
+    try:
+        from ..bench.stats import bootstrap_slope_ci
+    except ImportError:  # the bootstrap is numpy's; plain report runs without it
+        lo = hi = float("nan")
+    else:
+        lo, hi = bootstrap_slope_ci(xs, ys, seed=seed)
+    verdict = NO_INTERVAL if lo != lo else SCALES if lo > 0 else FALLS if hi < 0 else FLAT
     return {"slope": slope, "intercept": my - slope * mx, "ci": [lo, hi], "verdict": verdict, "n": n}
 
 

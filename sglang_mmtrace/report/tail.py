@@ -163,11 +163,11 @@ def tail_sentence(streams: str, level: dict[str, Any]) -> str:
     for g in top_growth(level):
         share = f"{g['share'] * 100:.0f}%" if g["share"] is not None else "-"
         batch = t["batches"].get(g["stage"])
-        if batch:
+        if batch and max(batch["tail_requests"], batch["median_requests"] or 1) > 1:
             rows = {r["part"]: r for r in t["parts"] if r["stage"] == g["stage"]}
             own, mates = rows.get(f"{g['stage']} · {OWN}"), rows.get(f"{g['stage']} · {MATES}")
             share += (
-                f"; batch of {batch['tail_requests']:.1f} requests vs {batch['median_requests'] or 1}: own share "
+                f"; batches of {batch['tail_requests']:.1f} requests (the median's: {batch['median_requests'] or 1}), own share "
                 f"{_ms(own['growth_s'] if own else 0.0)} ms, batch mates {_ms(mates['growth_s'] if mates else 0.0)} ms"
             )
         bits.append(f"{g['stage']} +{_ms(g['growth_s'])} ms ({share})")
