@@ -30,7 +30,7 @@ from .analysis import exclusive_times, is_ok, quantile, unattributed_s
 EXPERIMENT = "concurrency"
 UNATTRIBUTED = "unattributed"
 OWN, MATES = "own share", "batch mates"
-TAIL_Q = 0.95
+TAIL_PERCENT = 5  # the tail: the slowest 5% of a level's requests (at least one)
 
 
 def batch_requests(rec: dict[str, Any], stage: str) -> int | None:
@@ -93,7 +93,7 @@ def _level(lines: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if not recs:
         return out
-    k = max(1, math.ceil((1 - TAIL_Q) * len(recs)))
+    k = max(1, math.ceil(len(recs) * TAIL_PERCENT / 100))
     tail, median = recs[-k:], recs[(len(recs) - 1) // 2]
     tail_parts, median_parts = _mean_parts(tail), parts(median)
     names = sorted({*tail_parts, *median_parts}, key=part_order)
