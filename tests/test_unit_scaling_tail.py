@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sglang_mmtrace.report.html import render_html
 from sglang_mmtrace.report.scaling import FLAT, SCALES, fit_line, resolution_summary
 from sglang_mmtrace.report.tail import MATES, OWN, UNATTRIBUTED, parts, tail_summary
 
@@ -84,3 +85,11 @@ def test_tail_parts_add_up_and_share_a_batch() -> None:
     assert growth[f"model.vision_encoder · {OWN}"] == pytest.approx(0.0)  # 0.2 / 4 against 0.05 / 1
     assert growth[f"model.vision_encoder · {MATES}"] == pytest.approx(0.15)
     assert t["batches"]["model.vision_encoder"] == {"tail_requests": 4.0, "median_requests": 1}
+
+
+def test_html_leaves_out_lines_without_the_experiments_keys() -> None:
+    """Hand-edited bench lines (no image shape, a concurrency that is not a number) do not break the page."""
+    good = record("r0", 0.1, [stage("http.parse", 0.0, 0.05)], {"experiment": "resolution", "variant": "v"})
+    odd = record("r1", 0.1, [stage("http.parse", 0.0, 0.05)], {"experiment": "concurrency", "concurrency": "4"})
+    page = render_html([good, odd])
+    assert 'id="resolution"' not in page and 'id="concurrency"' not in page and 'id="breakdown"' in page

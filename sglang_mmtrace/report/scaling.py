@@ -31,9 +31,21 @@ XS = {"megapixels": 1.0, "visual_tokens": 1000.0}
 """The fits' x variables and the unit a slope is given per (1 megapixel; 1000 visual tokens)."""
 
 
+SHAPE_KEYS = {"width": int, "height": int, "image_bytes": int, "kind": str, "aspect": str}
+
+
 def resolution_lines(lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The bench lines of the resolution experiment (bench key ``experiment: resolution``)."""
-    return [ln for ln in lines if isinstance(ln.get("bench"), dict) and ln["bench"].get("experiment") == EXPERIMENT]
+    """The bench lines of the resolution experiment (bench key ``experiment: resolution``) that carry
+    the image's shape (a hand-edited line without it is left out rather than breaking the report)."""
+    return [
+        ln
+        for ln in lines
+        if isinstance(b := ln.get("bench"), dict)
+        and b.get("experiment") == EXPERIMENT
+        and all(isinstance(b.get(k), t) and not isinstance(b.get(k), bool) for k, t in SHAPE_KEYS.items())
+        and b["width"] > 0
+        and b["height"] > 0
+    ]
 
 
 def megapixels(line: dict[str, Any]) -> float:
@@ -64,14 +76,14 @@ def fit_line(xs: list[float], ys: list[float], seed: int = 0) -> dict[str, Any]:
 
 def _cell(lines: list[dict[str, Any]]) -> dict[str, Any]:
     b = lines[0]["bench"]
-    ok = [ln for ln in lines if ln["bench"]["ok"]]
+    ok = [ln for ln in lines if ln["bench"].get("ok")]
     recs = [ln for ln in ok if is_ok(ln)]
     per_stage: dict[str, list[float]] = defaultdict(list)
     for rec in recs:
         for stage, secs in stage_totals(rec).items():
             if stage != ROOT:
                 per_stage[stage].append(secs)
-    client = [ln["bench"]["client_ttft_s"] for ln in ok]
+    client = [c for ln in ok if isinstance(c := ln["bench"].get("client_ttft_s"), float)]
     tokens = [t for ln in recs if (t := visual_tokens(ln)) is not None]
     return {
         "width": b["width"],

@@ -80,9 +80,9 @@ def _mean_parts(recs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _level(lines: list[dict[str, Any]]) -> dict[str, Any]:
-    ok = [ln for ln in lines if ln["bench"]["ok"]]
+    ok = [ln for ln in lines if ln["bench"].get("ok")]
     recs = sorted((ln for ln in ok if is_ok(ln)), key=lambda r: r["ttft_s"])
-    client = [ln["bench"]["client_ttft_s"] for ln in ok]
+    client = [c for ln in ok if isinstance(c := ln["bench"].get("client_ttft_s"), float)]
     ttft = [r["ttft_s"] for r in recs]
     out: dict[str, Any] = {
         "n": len(lines),
@@ -136,8 +136,8 @@ def tail_summary(lines: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     levels: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for ln in lines:
         b = ln.get("bench")
-        if isinstance(b, dict) and b.get("experiment") == EXPERIMENT and b.get("concurrency") is not None:
-            levels[int(b["concurrency"])].append(ln)
+        if isinstance(b, dict) and b.get("experiment") == EXPERIMENT and type(b.get("concurrency")) is int:
+            levels[b["concurrency"]].append(ln)
     return {str(c): _level(levels[c]) for c in sorted(levels)}
 
 
