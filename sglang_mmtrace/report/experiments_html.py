@@ -20,7 +20,7 @@ from ..stages import DISPLAY_ORDER, STAGES
 from .analysis import parent_stages
 from .colors import UNATTRIBUTED_COLOR, stage_color
 from .html import _attr, _ms, _swatch, segment_rects
-from .scaling import TTFT, resolution_lines, resolution_summary
+from .scaling import TTFT, format_slope, resolution_lines, resolution_summary
 from .tail import MATES, UNATTRIBUTED, part_stage, tail_sentence, tail_summary
 
 PLOT_W, PLOT_H, MARGIN_L, MARGIN_B, LEGEND_W = 640, 260, 60, 36, 280
@@ -98,18 +98,12 @@ def line_chart(
     )
 
 
-def _fmt_fit(f: dict[str, Any]) -> str:
-    k = 1e3 * f["per"]
-    lo, hi = f["ci"]
-    return f"{f['slope'] * k:+.3f} [{lo * k:+.3f}, {hi * k:+.3f}]"
-
-
 def _fit_table(fits: dict[str, Any]) -> str:
     rows = "".join(
         f'<tr class="fit" data-stage="{_attr(stage)}" data-verdict="{_attr(f["megapixels"]["verdict"])}" '
         f'data-slope-ms-per-mp="{f["megapixels"]["slope"] * 1e3:.6f}"><td>{escape(stage)}</td>'
-        f"<td>{_fmt_fit(f['megapixels'])}</td><td>{_ms(f['megapixels']['intercept'])}</td>"
-        f"<td><b>{escape(f['megapixels']['verdict'])}</b></td><td>{_fmt_fit(f['visual_tokens'])}</td>"
+        f"<td>{format_slope(f['megapixels'])}</td><td>{_ms(f['megapixels']['intercept'])}</td>"
+        f"<td><b>{escape(f['megapixels']['verdict'])}</b></td><td>{format_slope(f['visual_tokens'])}</td>"
         f"<td>{_ms(f['visual_tokens']['intercept'])}</td><td>{escape(f['visual_tokens']['verdict'])}</td></tr>"
         for stage, f in fits.items()
     )

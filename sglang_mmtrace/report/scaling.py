@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..stages import DISPLAY_ORDER, ROOT
-from .analysis import is_ok, quantile, stage_totals
+from .analysis import format_ms, is_ok, quantile, stage_totals
 
 EXPERIMENT = "resolution"
 TTFT = "TTFT"
@@ -144,10 +144,6 @@ def resolution_summary(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {"cells": [_cell(v) for _, v in ordered], "fits": fits}
 
 
-def _ms(x: float | None) -> str:
-    return "-" if x is None or x != x else f"{x * 1e3:.2f}"
-
-
 def format_slope(f: dict[str, Any]) -> str:
     """``slope [lo, hi] ms per unit``."""
     k = 1e3 * f["per"]
@@ -168,8 +164,8 @@ def format_resolution(summary: dict[str, Any]) -> list[str]:
         shape = f"{c['width']}x{c['height']}"
         out.append(
             f"   {shape:<11}{c['kind']:<10}{c['megapixels']:>7.3f}"
-            f"{c['bytes']:>10.0f}{tokens:>8}{c['n']:>4}{_ms(c['ttft_p50']):>10}{_ms(c['ttft_p95']):>9}  "
-            + ", ".join(f"{s} {_ms(v['p50'])}/{_ms(v['p95'])}" for s, v in top)
+            f"{c['bytes']:>10.0f}{tokens:>8}{c['n']:>4}{format_ms(c['ttft_p50'], 2):>10}{format_ms(c['ttft_p95'], 2):>9}  "
+            + ", ".join(f"{s} {format_ms(v['p50'], 2)}/{format_ms(v['p95'], 2)}" for s, v in top)
         )
     for kind, fits in summary["fits"].items():
         out += [
@@ -181,8 +177,8 @@ def format_resolution(summary: dict[str, Any]) -> list[str]:
         for stage, f in fits.items():
             mp, vt = f["megapixels"], f["visual_tokens"]
             out.append(
-                f"   {stage:<26}{format_slope(mp):<34}{_ms(mp['intercept']):>9}  {mp['verdict']:<7}"
-                f"{format_slope(vt):<34}{_ms(vt['intercept']):>8}  {vt['verdict']}"
+                f"   {stage:<26}{format_slope(mp):<34}{format_ms(mp['intercept'], 2):>9}  {mp['verdict']:<7}"
+                f"{format_slope(vt):<34}{format_ms(vt['intercept'], 2):>8}  {vt['verdict']}"
             )
         grows = [s for s, f in fits.items() if s != TTFT and f["megapixels"]["verdict"] == SCALES]
         flat = [s for s, f in fits.items() if s != TTFT and f["megapixels"]["verdict"] != SCALES]

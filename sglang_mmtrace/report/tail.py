@@ -26,6 +26,7 @@ from typing import Any
 
 from ..stages import DISPLAY_ORDER, STAGES
 from .analysis import exclusive_times, is_ok, quantile, unattributed_s
+from .analysis import format_ms as _ms
 
 EXPERIMENT = "concurrency"
 UNATTRIBUTED = "unattributed"
@@ -139,10 +140,6 @@ def tail_summary(lines: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if isinstance(b, dict) and b.get("experiment") == EXPERIMENT and type(b.get("concurrency")) is int:
             levels[b["concurrency"]].append(ln)
     return {str(c): _level(levels[c]) for c in sorted(levels)}
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None or x != x else f"{x * 1e3:.1f}"
 
 
 def top_growth(level: dict[str, Any], k: int = 3) -> list[dict[str, Any]]:
