@@ -126,10 +126,14 @@ class Images:
         self.opts, self.tag, self.i = opts, tag, 0
 
     def new(self) -> str:
-        self.i += 1
         w, h = self.opts.size or (512, 512)
+        return data_url(self.encoded(w, h))
+
+    def encoded(self, width: int, height: int) -> bytes:
+        """The next distinct image of this stream at this size, PNG-encoded."""
+        self.i += 1
         seed = (self.opts.seed * 7919 + zlib.crc32(self.tag.encode()) % 100_003 + self.i) & 0x7FFFFFFF
-        return data_url(make_image(w, h, seed, label=f"{self.opts.nonce} {self.tag} {self.i}"))
+        return make_image(width, height, seed, label=f"{self.opts.nonce} {self.tag} {self.i}")
 
 
 def image_shape(long_edge: int, aspect: str) -> tuple[int, int]:
@@ -197,18 +201,17 @@ def resolution(opts: Options) -> list[Planned]:
     and the encoded image's bytes, so the sizes are known without the server's records."""
     rng = random.Random(opts.seed + 4)
     exp = "resolution"
-    seeds = iter(range(1, 1 << 30))
+    imgs = Images(opts, "res")
 
-    def image(w: int, h: int, tag: str) -> tuple[str, int]:
-        seed = (opts.seed * 7919 + zlib.crc32(tag.encode()) % 100_003 + next(seeds)) & 0x7FFFFFFF
-        data = make_image(w, h, seed, label=f"{opts.nonce} {tag}")
+    def image(w: int, h: int) -> tuple[str, int]:
+        data = imgs.encoded(w, h)
         return data_url(data), len(data)
 
     shapes = opts.resolution_shapes()
-    repeated = {(w, h): image(w, h, f"res {w}x{h} repeated") for w, h, _ in shapes}
+    repeated = {(w, h): image(w, h) for w, h, _ in shapes}
 
     def req(w: int, h: int, aspect: str, kind: str, r: int, warm: bool = False) -> Planned:
-        url, size = repeated[(w, h)] if kind == "repeated" else image(w, h, f"res {w}x{h} {r}")
+        url, size = repeated[(w, h)] if kind == "repeated" else image(w, h)
         extra = {"width": w, "height": h, "aspect": aspect, "kind": kind, "image_bytes": size}
         i = order[(w, h)] * len(RESOLUTION_KINDS) + RESOLUTION_KINDS.index(kind)  # tables list by pixels
         return Planned(exp, f"{w}x{h} {kind}", i, f"{w}x{h}", [image_message(QUESTION, [url])], r, warm, extra)
