@@ -85,9 +85,10 @@ def _targets(version: str) -> int:
             lines = [f"joined in the collector from {_joined_ends(stage)} (no hook of its own)"]
         elif stage in GAP_STAGES:
             lines.append(f"measured as {GAP_STAGES[stage]}")
-        for line in lines or [f"not measured on SGLang {version}: its manifest names no target for this stage"]:
+        why = manifest.absent.get(stage, "its manifest names no target for this stage")
+        for line in lines or [f"not measured on SGLang {version}: {why}"]:
             print(f"    {line}")
-    lost = [s for s, (state, _) in stage_states(manifest, results, {}).items() if state in ("lost", "partial")]
+    lost = [s for s, (state, _) in stage_states(manifest, results).items() if state in ("lost", "partial")]
     print(f"stages lost on this SGLang: {', '.join(lost) or 'none'}")
     return missing
 
