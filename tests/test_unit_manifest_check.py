@@ -45,8 +45,6 @@ def test_each_release_manifest_resolves_in_its_own_wheel(sources, version):
     assert len(results) == len(load(version).hooks) > 20
     failed = {r.entry.hook_id: r.why for r in results if not r.ok}
     assert not failed, failed
-    # every hook that reads arguments had them checked against a real signature
-    assert {r.entry.hook_id for r in results if READS_OF.get(r.entry.hook_id)} <= {r.entry.hook_id for r in results}
     assert all(r.where.startswith("sglang/srt/") for r in results)
 
 
