@@ -246,6 +246,11 @@ def quantile(values: Iterable[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def format_ms(seconds: float | None, digits: int = 1) -> str:
+    """Seconds as milliseconds for the text tables; ``-`` for None or NaN (nothing measured)."""
+    return "-" if seconds is None or seconds != seconds else f"{seconds * 1e3:.{digits}f}"
+
+
 def summarize(
     records: Iterable[dict[str, Any]], group: Callable[[dict[str, Any]], str] = request_kind
 ) -> dict[str, dict[str, Any]]:

@@ -35,7 +35,7 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
                 t0,
                 t1,
                 name,
-                {**base, "images": len(hashes), "embedding_cache": "miss", "skipped": False},
+                {**base, "images": len(hashes), "requests": len(owners), "embedding_cache": "miss", "skipped": False},
             )
     _emit_skipped_encoder(ctx, base)
     embed_end = None
