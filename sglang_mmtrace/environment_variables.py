@@ -80,6 +80,10 @@ class Variable:
 SGLANG_MMTRACE_MANIFEST = "SGLANG_MMTRACE_MANIFEST"
 """Path of a manifest TOML that replaces the packaged one (a patched SGLang build; drift tests)."""
 
+SGLANG_MMTRACE_WHEEL_CACHE = "SGLANG_MMTRACE_WHEEL_CACHE"
+"""Folder of the SGLang release wheels that the manifest check reads (``doctor --matrix``, CI); default
+``~/.cache/sglang-mmtrace/wheels``. Not read by the plugin."""
+
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"

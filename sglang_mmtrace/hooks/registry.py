@@ -30,6 +30,11 @@ MODULE_OF: dict[str, str] = {}
 PROCESS_OF: dict[str, str] = {}
 """hook id -> the subpackage of its module (``api``, ``scheduler``, ``detokenizer``): the SGLang process it
 is applied in, which is the manifest's ``process``."""
+READS_OF: dict[str, tuple[tuple[int | None, str | None], ...]] = {}
+"""hook id -> the target's arguments its hook reads, as (position after self/cls, name); None where it
+reads only by name or only by position. Each hook module declares its own (``READS``);
+``manifest_check`` checks them against every release's signatures, and a test checks them against
+the hook code."""
 for _module in (
     http_server,
     openai_serving,
@@ -50,5 +55,6 @@ for _module in (
     HOOKS.update(_module.HOOKS)
     _process, _, _name = _module.__name__.rpartition(".hooks.")[2].partition(".")
     MODULE_OF.update(dict.fromkeys(_module.HOOKS, _name))
+    READS_OF.update(_module.READS)
     PROCESS_OF.update(dict.fromkeys(_module.HOOKS, _process))
     PART_OF.update({hook_id: _module.PART if spec.gated else None for hook_id, spec in _module.HOOKS.items()})

@@ -185,3 +185,12 @@ HOOKS: dict[str, HookSpec] = {
     "tokenizer_manager.batch_output": before("tokenizer_manager.batch_output", _batch_output),
     "tokenizer_manager.abort": before("tokenizer_manager.abort", _abort),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "tokenizer_manager.init_req_state": ((0, "obj"),),
+    "tokenizer_manager.tokenize": ((0, "obj"),),
+    "tokenizer_manager.dispatch": ((0, "tokenized_obj"),),
+    "tokenizer_manager.batch_output": ((0, "recv_obj"),),
+    "tokenizer_manager.abort": ((0, "rid"),),
+}

@@ -127,3 +127,8 @@ HOOKS: dict[str, HookSpec] = {
     "batch_result.stream_output": HookSpec("batch_result.stream_output", make=_stream_make),
     "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=("scheduler.output", _output_detail)),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "batch_result.prefill": ((0, "batch"),),
+}
