@@ -549,6 +549,10 @@ def _sinks(cfg: Config) -> list[Sink]:
             from ..sinks.otlp import OtlpSink
 
             sinks.append(OtlpSink(cfg.otlp_endpoint, cfg.otlp_protocol, cfg.sample))
+            if cfg.otlp_metrics:
+                from ..sinks.genai import GenAiOtlpMetrics
+
+                sinks.append(GenAiOtlpMetrics(cfg.otlp_endpoint, cfg.otlp_protocol))
         except Exception as exc:  # a broken install of the opentelemetry packages (they are dependencies)
             telemetry.warn("OTLP export disabled: %r", exc)
     if cfg.jsonl_path:

@@ -16,6 +16,7 @@ from typing import Any
 from ..join.record import EmitContext
 from ..report.analysis import stage_totals
 from ..stages import STAGES
+from . import genai
 
 PREFIX = "sglang_mmtrace_"
 STAGE_BUCKETS = (
@@ -71,13 +72,19 @@ class PrometheusSink:
 
         kinds = {"histogram": pc.Histogram, "counter": pc.Counter}
         self.m: dict[str, Any] = {}
+        reg: dict[str, Any] = {"registry": registry} if registry is not None else {}
         for name, (kind, labels, doc) in METRICS.items():
-            kw: dict[str, Any] = {"registry": registry} if registry is not None else {}
+            kw = dict(reg)
             if kind == "histogram":
                 kw["buckets"] = VISUAL_TOKEN_BUCKETS if name == "visual_tokens" else STAGE_BUCKETS
             # prometheus_client appends _total to counters itself.
             metric_name = PREFIX + (name[: -len("_total")] if kind == "counter" else name)
             self.m[name] = kinds[kind](metric_name, doc, labels, **kw)
+        labels = tuple(genai.prometheus_label(a) for a in genai.ATTRIBUTES)
+        self.genai = {
+            name: pc.Histogram(genai.prometheus_name(name), doc, labels, buckets=bounds, **reg)
+            for name, (doc, bounds) in genai.METRICS.items()
+        }
         self._health: dict[str, dict[str, float]] = {"errors": {}, "dropped": {}}
         if port is not None:
             pc.start_http_server(port, addr="0.0.0.0", registry=registry or pc.REGISTRY)
@@ -85,6 +92,8 @@ class PrometheusSink:
     def emit(self, rec: dict[str, Any], ctx: EmitContext | None = None) -> None:
         if rec.get("warmup"):
             return  # start-up and client warm-ups (JIT, first loads) would skew every histogram
+        for name, value, attrs in genai.observations(rec):
+            self.genai[name].labels(*(attrs.get(a, "") for a in genai.ATTRIBUTES)).observe(value)
         m, model = self.m, rec.get("model") or ""
         m["requests_total"].labels(model, rec["status"]).inc()
         ttft = rec.get("ttft_s")
