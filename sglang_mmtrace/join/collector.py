@@ -374,7 +374,7 @@ class Collector:
         from .. import occupancy
         from ..sinks.prometheus import health_totals
 
-        samples = self._occupancy()
+        samples = self._occupancy() if self.metrics_started else {}  # the processes sample only for the metrics
         self.occupancy = occupancy.totals(samples)
         totals = None
         for sink in self.sinks:
