@@ -89,16 +89,16 @@ def api_sample(tokenizer_manager: Any) -> Sample:
             "evictions": stats["evictions"],
         }
     pool = getattr(processor, "cudaipc_mmfeature_pool", None)
-    if pool is not None:
+    if getattr(pool, "memory_pool", None) is not None:
         out["cuda_ipc_pool"] = cuda_ipc_pool_sample(pool)
     return out
 
 
 def cuda_ipc_pool_sample(pool: Any) -> dict[str, int]:
     """Reserved bytes (the whole GPU buffer) and the bytes of the slices leased now (0.5.23's
-    ``StreamOrderedMmFeaturePool``; 0.5.17's pool has no lease table: in use is left out there)."""
-    reserved = pool.memory_pool.numel() * pool.memory_pool.element_size()
-    out = {"reserved_bytes": int(reserved), "fallbacks": cuda_ipc_fallbacks}
+    ``StreamOrderedMmFeaturePool``; without its lease table, in use is left out)."""
+    buffer = pool.memory_pool
+    out = {"reserved_bytes": int(buffer.numel() * buffer.element_size()), "fallbacks": cuda_ipc_fallbacks}
     leases = getattr(getattr(pool, "_pool", None), "_occupied", None)
     if leases is not None:
         out["used_bytes"] = sum(lease.end - lease.start for lease in list(leases.values()))

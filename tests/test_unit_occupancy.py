@@ -2,8 +2,8 @@
 
 The caches are SGLang's own (``MultiModalStaticCache``, ``MultimodalPreprocessCache``) on the CPU; the
 TokenizerManager and its processor, which only hold the cache here, are plain stand-ins. The real
-server's figures are checked in ``test_server_occupancy.py``; the ``cuda_ipc`` pool needs CUDA and
-is not exercised here.
+server's figures are checked in ``test_server_occupancy.py``. The ``cuda_ipc`` pool needs CUDA: its
+figures are read from a stand-in holding SGLang's real lease records (the test says so).
 """
 
 from __future__ import annotations
@@ -126,3 +126,34 @@ def test_report_rows():
 @pytest.mark.parametrize("samples", [{1: {"embedding": {"entries": 2}}, 2: {"embedding": {"entries": 3}}}])
 def test_totals_sum_processes(samples):
     assert occupancy.totals(samples) == {"embedding": {"entries": 5}}
+
+
+def test_cuda_ipc_pool_figures_and_fallback_counter(monkeypatch):
+    """The pool itself needs CUDA (none here): a stand-in holds a CPU byte buffer and SGLang's real
+    ``PoolLease`` records; the fallback hook wraps SGLang's real ``_warn_pool_full_once`` through the
+    plugin's patcher, as the manifest entry does on the server."""
+    from sglang.srt.multimodal.transport.cuda_ipc import MmItemMemoryPool
+    from sglang.srt.multimodal.transport.memory_pool import PoolLease
+
+    from sglang_mmtrace.hooks.registry import HOOKS
+    from sglang_mmtrace.patch import apply, unpatch
+
+    leases = {0: PoolLease(4096, 8192, 4000, 0, 1, 0, 4), 1: PoolLease(8192, 73728, 65536, 1, 1, 12, 16)}
+    pool = SimpleNamespace(
+        memory_pool=torch.empty(1 << 20, dtype=torch.uint8),
+        _pool=SimpleNamespace(_occupied=leases),
+        _pool_full_warned=False,
+    )
+    monkeypatch.setattr(occupancy, "cuda_ipc_fallbacks", 0)
+    target = "sglang.srt.multimodal.transport.cuda_ipc.MmItemMemoryPool._warn_pool_full_once"
+    applied = apply("cuda_ipc_pool.fallback", target, HOOKS["cuda_ipc_pool.fallback"].make("sync"))
+    try:
+        for _ in range(3):
+            assert MmItemMemoryPool._warn_pool_full_once(pool, 1 << 30) is None  # SGLang's own call runs
+    finally:
+        unpatch(applied)
+    assert pool._pool_full_warned  # the original ran (it logs the first time only)
+    tm = SimpleNamespace(mm_processor=SimpleNamespace(mm_preprocess_cache=None, cudaipc_mmfeature_pool=pool))
+    assert occupancy.api_sample(tm) == {
+        "cuda_ipc_pool": {"reserved_bytes": 1 << 20, "used_bytes": 4096 + 65536, "fallbacks": 3}
+    }
