@@ -125,11 +125,13 @@ class CollectorClient:
                 sample = occupancy.api_sample(self._tokenizer_manager)
                 if sample != self._occupancy_sent and self._send(([], {**self._health(), "occupancy": sample})):
                     self._occupancy_sent = sample
+            if self._sock is not None:
+                loop = asyncio.get_running_loop()
+                self._occupancy_timer = loop.call_later(occupancy.API_INTERVAL_S, self._occupancy_tick)
         except Exception as exc:
             telemetry.contained("occupancy", exc)
-        if self._sock is not None:
-            loop = asyncio.get_running_loop()
-            self._occupancy_timer = loop.call_later(occupancy.API_INTERVAL_S, self._occupancy_tick)
+            if self._occupancy_timer is None:  # never started (no running loop): do not try on every request
+                self._tokenizer_manager = None
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the collector process (its sinks and metrics server with it) and close the socket.
