@@ -108,6 +108,13 @@ VARIABLES: tuple[Variable, ...] = (
         fallbacks=(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,),
     ),
     Variable(
+        "SGLANG_MMTRACE_OTLP_METRICS",
+        "otlp_metrics",
+        False,
+        "1: also export the OpenTelemetry GenAI server metrics over OTLP, to the spans' endpoint and protocol",
+        _flag,
+    ),
+    Variable(
         "SGLANG_MMTRACE_SAMPLE",
         "sample",
         1.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .api import (
+    cuda_ipc_pool,
     detokenizer_legacy,
     http_server,
     mm_processor,
@@ -15,6 +16,7 @@ from .base import HookSpec
 from .detokenizer import detokenizer
 from .scheduler import (
     batch_result,
+    embedding_cache,
     mm_embedding,
     mm_embedding_legacy,
     model_runner,
@@ -41,11 +43,13 @@ for _module in (
     tokenizer_manager,
     mm_processor,
     transport,
+    cuda_ipc_pool,
     scheduler,
     schedule_batch,
     model_runner,
     mm_embedding,
     batch_result,
+    embedding_cache,
     detokenizer,
     # SGLang 0.5.17 (legacy multimodal path, embed_mm_inputs split, detokenizer bootstrap)
     mm_processor_legacy,
