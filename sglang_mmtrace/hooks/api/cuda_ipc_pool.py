@@ -23,3 +23,6 @@ PART = "mm"  # the switch part that gates these hooks (this one counts for the m
 HOOKS: dict[str, HookSpec] = {
     "cuda_ipc_pool.fallback": replace(before("cuda_ipc_pool.fallback", _fallback), gated=False),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF): none
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {}

@@ -24,3 +24,6 @@ PART = "scheduler"  # the switch part that gates these hooks (this one is set-up
 HOOKS: dict[str, HookSpec] = {
     "embedding_cache.init": replace(interval("embedding_cache.init", _built), gated=False),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF): none
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {}
