@@ -21,6 +21,7 @@ class Config:
     sample: float = _D["sample"]
     metrics: bool = _D["metrics"]
     metrics_port: int = _D["metrics_port"]
+    exemplars: bool = _D["exemplars"]
     nvtx: bool = _D["nvtx"]
     gpu_timing: bool = _D["gpu_timing"]
     capture_content: bool = _D["capture_content"]

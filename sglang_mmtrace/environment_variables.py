@@ -125,6 +125,14 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "SGLANG_MMTRACE_METRICS_PORT", "metrics_port", 9464, "own metrics port when SGLang's metrics are off", int
     ),
+    Variable(
+        "SGLANG_MMTRACE_EXEMPLARS",
+        "exemplars",
+        False,
+        "1: with SGLang's --enable-metrics too, serve the plugin's metrics on its own port (with trace-id "
+        "exemplars) instead of SGLang's /metrics",
+        _flag,
+    ),
     Variable("SGLANG_MMTRACE_NVTX", "nvtx", True, "NVTX ranges", _flag),
     Variable(
         "SGLANG_MMTRACE_GPU_TIMING",

@@ -28,6 +28,7 @@ def test_defaults_are_the_contracts(monkeypatch):
         "SGLANG_MMTRACE_SAMPLE": "1.0",
         "SGLANG_MMTRACE_METRICS": "1",
         "SGLANG_MMTRACE_METRICS_PORT": "9464",
+        "SGLANG_MMTRACE_EXEMPLARS": "0",  # an addition of this repository
         "SGLANG_MMTRACE_NVTX": "1",
         "SGLANG_MMTRACE_GPU_TIMING": "1",
         "SGLANG_MMTRACE_CAPTURE_CONTENT": "0",

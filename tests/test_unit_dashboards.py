@@ -148,3 +148,13 @@ def test_slow_requests_link_to_the_trace_backend():
 def test_substitute_leaves_no_grafana_variable():
     for _, _, expr in gen.prometheus_targets(_board()):
         assert "$" not in gen.substitute(expr, "1m"), expr
+
+
+def test_ttft_panels_ask_for_exemplars():
+    """The TTFT histogram panels request exemplars: Grafana draws the trace id the sink attaches
+    (``test_unit_prometheus_sink.py``) as points that open the trace."""
+    asking = {t: p for t, p in _panels(_board()).items() if any(x.get("exemplar") for x in p.get("targets", ()))}
+    assert set(asking) == {"TTFT p50 / p95 / p99 by modality", "TTFT p50 / p95 / p99 by prefix"}
+    for title, p in asking.items():
+        for target in p["targets"]:
+            assert target["exemplar"] is True and f"{PREFIX}ttft_seconds_bucket" in target["expr"], title

@@ -187,6 +187,9 @@ def test_grafana_provisioning_points_at_the_services_and_the_dashboards():
     by_type = {d["type"]: d for d in ds["datasources"]}
     assert by_type["prometheus"]["url"] == "http://prometheus:9090" and "prometheus" in svcs
     assert by_type["jaeger"]["url"] == "http://jaeger:16686" and "jaeger" in svcs
+    # Exemplars' trace ids (the TTFT panels ask for them) open in the provisioned trace datasource.
+    (dest,) = by_type["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
+    assert dest == {"name": "trace_id", "datasourceUid": by_type["jaeger"]["uid"]}
     assert "9090:9090" in svcs["prometheus"]["ports"] and "16686:16686" in svcs["jaeger"]["ports"]
     providers = yaml.safe_load((DOCKER / "grafana" / "provisioning" / "dashboards" / "dashboards.yaml").read_text())
     (provider,) = providers["providers"]

@@ -93,9 +93,9 @@ def mean(metric: str, by: str = "", sel: str = SEL, extra: str = "") -> str:
 def traces_link(title: str) -> dict[str, Any]:
     """A data link to Grafana Explore: traces of requests whose TTFT is at least the clicked value.
 
-    Prometheus holds no per-request ids (no exemplars in SGLang's multiprocess registry), so the
-    link searches the trace backend for ``request`` spans at least as slow as the point clicked,
-    in the panel's time range.
+    Works without exemplars (SGLang's multiprocess ``/metrics`` cannot carry them): the link
+    searches the trace backend for ``request`` spans at least as slow as the point clicked, in the
+    panel's time range.
     """
     placeholders = {"@@MIN@@": "${__value.raw}s", "@@FROM@@": "${__from}", "@@TO@@": "${__to}", "@@DS@@": "${traces}"}
     pane = {
@@ -170,8 +170,13 @@ def panel(
     stack: bool = False,
     total_ref: str | None = None,
     links: list[dict[str, Any]] | None = None,
+    exemplars: bool = False,
 ) -> dict[str, Any]:
-    """A Prometheus time-series panel; ``stack`` stacks every target except ``total_ref`` (a dashed line)."""
+    """A Prometheus time-series panel; ``stack`` stacks every target except ``total_ref`` (a dashed line).
+
+    ``exemplars``: the targets ask for the histogram's exemplars, which Grafana draws as points that
+    open the trace (``trace_id``, through the Prometheus datasource's ``exemplarTraceIdDestinations``).
+    """
     defaults: dict[str, Any] = {"unit": unit}
     if stack:
         defaults["custom"] = {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60, "lineWidth": 1}
@@ -200,6 +205,7 @@ def panel(
         "options": {"legend": {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull", "mean"]}},
         "targets": [
             {"refId": ref_id(i), "datasource": PROM_DS, "expr": expr, "legendFormat": legend}
+            | ({"exemplar": True} if exemplars else {})
             for i, (expr, legend) in enumerate(targets)
         ],
     }
@@ -302,8 +308,11 @@ def dashboard() -> dict[str, Any]:
                 f"TTFT p50 / p95 / p99 by {by}",
                 [(quantile(q, "ttft_seconds", by), f"p{round(q * 100)} {{{{{by}}}}}") for q in QUANTILES],
                 f"Server-side TTFT (request bytes in -> first chunk written) by {what}. "
-                "Click a point to open the traces of requests at least that slow.",
+                "Click a point to open the traces of requests at least that slow; exemplars (the latest "
+                "request of each bucket, with SGLANG_MMTRACE_EXEMPLARS=1 or SGLang's metrics off) open "
+                "that request's trace.",
                 links=slow_link,
+                exemplars=True,
             )
         )
     lay.add(

@@ -4,8 +4,15 @@ Records are joined in the collector process, so every metric is observed there, 
 detokenizer stages included. With ``--enable-metrics`` SGLang runs prometheus_client in
 multiprocess mode and serves ``/metrics``: the API process passes SGLang's
 ``PROMETHEUS_MULTIPROC_DIR`` to the collector, which sets it before it first imports
-prometheus_client, so the metrics land in that directory and on SGLang's endpoint. Otherwise the
-collector serves its own registry on ``SGLANG_MMTRACE_METRICS_PORT``.
+prometheus_client, so the metrics land in that directory and on SGLang's endpoint. Otherwise (or
+with ``SGLANG_MMTRACE_EXEMPLARS=1``, which keeps them out of SGLang's ``/metrics``) the collector
+serves its own registry on ``SGLANG_MMTRACE_METRICS_PORT``.
+
+Exemplars: the TTFT and stage histograms carry the record's ``trace_id`` (the OTLP spans' trace) as
+an exemplar on every observation. prometheus_client keeps the latest exemplar of each bucket, so a
+slow bucket links to the latest request that was that slow. Only the collector's own registry
+serves them (in OpenMetrics, when the scraper asks for it); multiprocess mode drops them
+(prometheus_client issue #826).
 """
 
 from __future__ import annotations
@@ -131,13 +138,16 @@ class PrometheusSink:
         m, model = self.m, rec.get("model") or ""
         m["requests_total"].labels(model, rec["status"]).inc()
         ttft = rec.get("ttft_s")
+        # Only the trace id: set by the OTLP sink (which runs first) or taken from the request's traceparent.
+        exemplar = {"trace_id": rec["trace_id"]} if rec.get("trace_id") else None
         if ttft:
             modality = "image" if rec.get("images") else "text"
-            m["ttft_seconds"].labels(model, modality, prefix_label(rec)).observe(ttft)
-            m["ttft_unattributed_seconds"].labels(model).observe(max(0.0, ttft - rec.get("attributed_s", 0.0)))
+            m["ttft_seconds"].labels(model, modality, prefix_label(rec)).observe(ttft, exemplar)
+            unattributed = max(0.0, ttft - rec.get("attributed_s", 0.0))
+            m["ttft_unattributed_seconds"].labels(model).observe(unattributed, exemplar)
         for stage, dur in stage_totals(rec).items():
             if stage in STAGES:
-                m["stage_seconds"].labels(stage, model).observe(dur)
+                m["stage_seconds"].labels(stage, model).observe(dur, exemplar)
         for s in rec.get("stages", ()):
             if s["name"] == "mm.preprocess_cache" and s["attrs"].get("result") in ("hit", "miss"):
                 m["cache_lookups_total"].labels("preprocess", s["attrs"]["result"]).inc()

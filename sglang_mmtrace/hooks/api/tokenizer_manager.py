@@ -152,7 +152,8 @@ def _tm_init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         server_args = getattr(instance, "server_args", None)
         enable_metrics = bool(getattr(server_args, "enable_metrics", False))
         try:
-            runtime.collector.start_metrics(enable_metrics, cfg.metrics_port, instance)
+            # Exemplars need the collector's own registry: then our metrics leave SGLang's /metrics.
+            runtime.collector.start_metrics(enable_metrics and not cfg.exemplars, cfg.metrics_port, instance)
         except Exception as err:  # e.g. the collector did not answer: metrics off, serving goes on
             telemetry.warn("metrics disabled: %r", err)
 
