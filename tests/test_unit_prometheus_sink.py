@@ -41,3 +41,43 @@ def test_warmup_records_are_not_observed():
         0.4
     )
     assert value(f"{PREFIX}stage_seconds_count", {"stage": "tokenize", "model": "m"}) == 2
+
+
+def _exemplars(registry: CollectorRegistry, metric: str) -> dict[tuple[tuple[str, str], ...], tuple[dict, float]]:
+    """Bucket labels -> (exemplar labels, exemplar value), as the OpenMetrics exposition serves them."""
+    out = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name == f"{PREFIX}{metric}_bucket" and sample.exemplar is not None:
+                out[tuple(sorted(sample.labels.items()))] = (sample.exemplar.labels, sample.exemplar.value)
+    return out
+
+
+def test_ttft_and_stage_buckets_carry_the_latest_records_trace_id():
+    """Each observed bucket's exemplar is the trace id of the latest record that fell in it, and the
+    exemplar holds nothing but that id; a record without a trace id leaves the bucket's exemplar as is."""
+    registry = CollectorRegistry()
+    sink = PrometheusSink(registry=registry)
+    sink.emit(_record("a", 0.3, trace_id="a" * 32))
+    sink.emit(_record("b", 0.3, trace_id="b" * 32))  # same bucket (0.25, 0.5]: the latest wins
+    sink.emit(_record("c", 0.02, trace_id="c" * 32))  # bucket (0.01, 0.025]
+    sink.emit(_record("d", 0.3))  # no trace id (no OTLP, no traceparent): counted, no exemplar
+    sink.emit(_record("w", 0.3, trace_id="f" * 32, warmup=True))  # not observed at all
+    labels = {"model": "m", "modality": "text", "prefix": "miss"}
+    assert registry.get_sample_value(f"{PREFIX}ttft_seconds_count", labels) == 4
+    want = {"0.5": ({"trace_id": "b" * 32}, 0.3), "0.025": ({"trace_id": "c" * 32}, 0.02)}
+    for metric in ("ttft_seconds", "stage_seconds"):
+        assert {dict(k)["le"]: v for k, v in _exemplars(registry, metric).items()} == want, metric
+
+
+def test_exemplars_are_served_in_openmetrics_only():
+    """prometheus_client writes exemplars in the OpenMetrics exposition (what Prometheus asks for with
+    exemplar storage on); the classic text format has no place for them."""
+    from prometheus_client import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+    registry = CollectorRegistry()
+    PrometheusSink(registry=registry).emit(_record("a", 0.3, trace_id="a" * 32))
+    line = f'{PREFIX}ttft_seconds_bucket{{le="0.5",modality="text",model="m",prefix="miss"}} 1.0 # {{trace_id="{"a" * 32}"}} 0.3'
+    assert any(x.startswith(line) for x in generate_openmetrics(registry).decode().splitlines())
+    assert "trace_id" not in generate_latest(registry).decode()
