@@ -68,8 +68,11 @@ class PrometheusServer:
         metrics_path: str = "/metrics",
         interval_s: int = 1,
         rule_files: Sequence[Path] = (),
+        exemplars: bool = False,
     ) -> None:
         self.target = target
+        self.exemplars = exemplars
+        # --enable-feature=exemplar-storage: Prometheus then scrapes in OpenMetrics and keeps exemplars.
         self.rule_files = [Path(p).resolve() for p in rule_files]
         self.folder = folder
         self.metrics_path = metrics_path
@@ -116,6 +119,7 @@ class PrometheusServer:
                     f"--web.listen-address=127.0.0.1:{self.port}",
                     "--storage.tsdb.retention.time=1h",
                     "--log.level=warn",
+                    *(["--enable-feature=exemplar-storage"] if self.exemplars else []),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -178,6 +182,11 @@ class PrometheusServer:
         result = self.query(promql, at)
         assert len(result) <= 1, f"{promql}: expected at most one series, got {result}"
         return result[0]["value"] if result else default
+
+    def query_exemplars(self, promql: str, start: float, end: float) -> list[dict[str, Any]]:
+        """``GET /api/v1/query_exemplars``: ``[{"seriesLabels": {...}, "exemplars": [{"labels", "value",
+        "timestamp"}]}]`` for the series ``promql`` selects, between ``start`` and ``end`` (unix s)."""
+        return list(self.api("query_exemplars", query=promql, start=f"{start:.3f}", end=f"{end:.3f}"))
 
     def alerts(self) -> list[dict[str, Any]]:
         """Active alerts (pending or firing) of the loaded alerting rules: ``GET /api/v1/alerts``."""
