@@ -3,6 +3,11 @@ against a real Prometheus in ``test_server_dashboards.py``)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,3 +86,35 @@ def test_exemplars_are_served_in_openmetrics_only():
     line = f'{PREFIX}ttft_seconds_bucket{{le="0.5",modality="text",model="m",prefix="miss"}} 1.0 # {{trace_id="{"a" * 32}"}} 0.3'
     assert any(x.startswith(line) for x in generate_openmetrics(registry).decode().splitlines())
     assert "trace_id" not in generate_latest(registry).decode()
+
+
+def test_own_port_serves_exemplars_even_with_a_multiproc_dir_in_the_environment(tmp_path):
+    """``Collector.start_metrics`` without SGLang's directory (metrics off, or ``SGLANG_MMTRACE_EXEMPLARS=1``)
+    keeps prometheus_client out of multiprocess mode even when the environment names a directory: the
+    metrics are served once, on the port, with exemplars; nothing lands in the directory. A fresh
+    process, because prometheus_client picks its mode when it is first imported."""
+    record = _record("a", 0.3, trace_id="a" * 32)
+    code = f"""
+import json, sys, urllib.request
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from peers.prometheus import free_port
+from sglang_mmtrace.config import Config
+from sglang_mmtrace.join.collector import Collector
+assert "prometheus_client" not in sys.modules  # as in the collector process: imported by start_metrics
+col = Collector(Config(), [], "0.5.23")
+port = free_port()
+assert col.start_metrics(None, port) is None
+col.sinks[-1].emit(json.loads({json.dumps(record)!r}))
+req = urllib.request.Request(f"http://127.0.0.1:{{port}}/metrics", headers={{"Accept": "application/openmetrics-text"}})
+print(urllib.request.urlopen(req, timeout=10).read().decode())
+"""
+    multiproc = tmp_path / "multiproc"
+    multiproc.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (
+        f'{PREFIX}ttft_seconds_bucket{{le="0.5",modality="text",model="m",prefix="miss"}} 1.0 # {{trace_id="{"a" * 32}"}} 0.3'
+        in out.stdout
+    )
+    assert not list(multiproc.iterdir())

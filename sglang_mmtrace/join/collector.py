@@ -222,6 +222,8 @@ class Collector:
         self.metrics_started = True
         if multiproc_dir:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir  # before prometheus_client is imported
+        else:  # our own registry (exemplars need it), even where the user's environment names a directory
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         try:
             from ..sinks.prometheus import PrometheusSink
 
