@@ -139,9 +139,16 @@ def test_every_mounted_and_copied_file_exists():
 def test_sglang_services_serve_metrics_where_prometheus_scrapes():
     svcs = services()
     prom = yaml.safe_load((DOCKER / "prometheus" / "prometheus.yml").read_text())
-    (job,) = prom["scrape_configs"]
+    job, plugin_job = prom["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
     assert job["static_configs"][0]["targets"] == [f"sglang:{PORT}"]
+    # the plugin's own port (exemplars need it: SGLang serves /metrics in multiprocess mode), relabelled
+    # to SGLang's instance so the dashboard's instance filter matches both jobs
+    env = svcs["sglang"]["environment"]
+    assert env["SGLANG_MMTRACE_EXEMPLARS"] == "1" and svcs["sglang-cpu"]["environment"]["SGLANG_MMTRACE_EXEMPLARS"] == "1"
+    assert plugin_job["static_configs"][0]["targets"] == [f"sglang:{env['SGLANG_MMTRACE_METRICS_PORT']}"]
+    assert plugin_job["relabel_configs"] == [{"target_label": "instance", "replacement": f"sglang:{PORT}"}]
+    assert "--enable-feature=exemplar-storage" in svcs["prometheus"]["command"]
     gpu_cmd = " ".join(svcs["sglang"]["command"])
     assert "--enable-metrics" in gpu_cmd and f"--port {PORT}" in gpu_cmd and "--host 0.0.0.0" in gpu_cmd
     assert '--model-path "$${MODEL}"' in gpu_cmd and svcs["sglang"]["environment"]["MODEL"].startswith("${MODEL")
