@@ -23,7 +23,7 @@ from .patch import apply, kind_of, resolve, unpatch
 logger = logging.getLogger("sglang_mmtrace")
 
 API, SCHEDULER, DETOKENIZER = "api", "scheduler", "detokenizer"
-_ROLE_BY_CALLER = {
+ROLE_BY_CALLER = {
     "run_scheduler_process": SCHEDULER,
     "run_detokenizer_process": DETOKENIZER,
     "run_data_parallel_controller_process": "dp_controller",
@@ -31,8 +31,8 @@ _ROLE_BY_CALLER = {
 
 
 MULTI_TOKENIZER_LIMIT = (
-    "--tokenizer-worker-num %d: not supported; the HTTP/tokenizer workers run outside the process that "
-    "holds the collector, so their requests get no records or traces (use 1 tokenizer worker)"
+    "--tokenizer-worker-num %d: SGLang loads no plugin in the HTTP/tokenizer workers, so their requests get "
+    "no records or traces; start the server under `sglang-mmtrace run -- ...` to trace them"
 )
 
 
@@ -57,7 +57,7 @@ def detect_role() -> str:
     frame = inspect.currentframe()
     try:
         while frame is not None:
-            role = _ROLE_BY_CALLER.get(frame.f_code.co_name)
+            role = ROLE_BY_CALLER.get(frame.f_code.co_name)
             if role is not None:
                 return role
             frame = frame.f_back
@@ -103,9 +103,11 @@ def _install(role: str | None) -> str | None:
         telemetry.warn("manifest override %s=%s", ev.SGLANG_MMTRACE_MANIFEST, manifest.override)
     elif not manifest.exact:
         telemetry.warn("SGLang %s has no manifest; using the %s targets that resolve", version, manifest.version)
-    if role == API:
+    if role == API and _collector_of_another_process() is not None:
+        _attach_collector()  # a tokenizer worker (``--tokenizer-worker-num`` > 1, started by ``launcher``)
+    elif role == API:
         workers = tokenizer_workers(sys.argv)
-        if workers > 1:
+        if workers > 1 and not os.environ.get(ev.SGLANG_MMTRACE_LAUNCHER):
             telemetry.warn(MULTI_TOKENIZER_LIMIT, workers)
         _start_collector(version)
     else:
@@ -133,7 +135,40 @@ def _start_collector(version: str) -> None:
     runtime.collector = client
     os.environ[ev.SGLANG_MMTRACE_COLLECTOR] = client.address
     os.environ[ev.SGLANG_MMTRACE_CONTROL] = client.control_address
+    os.environ[ev.SGLANG_MMTRACE_ADMIN] = client.admin_address
     os.environ[ev.SGLANG_MMTRACE_COLLECTOR_OWNER] = str(os.getpid())
+
+
+def _collector_of_another_process() -> str | None:
+    """The admin address of a live collector that an ancestor API process started, if any.
+
+    SGLang's tokenizer workers (``--tokenizer-worker-num`` > 1) are API processes spawned by the API
+    process that already holds the collector: they inherit its addresses and join it, so every
+    request, whichever worker serves it, is joined in one place (and recorded once)."""
+    owner, admin = os.environ.get(ev.SGLANG_MMTRACE_COLLECTOR_OWNER), os.environ.get(ev.SGLANG_MMTRACE_ADMIN)
+    if not owner or not admin or not os.environ.get(ev.SGLANG_MMTRACE_COLLECTOR) or owner == str(os.getpid()):
+        return None
+    try:
+        os.kill(int(owner), 0)
+    except (OSError, ValueError):
+        return None  # the owner is gone: this process starts its own
+    return admin
+
+
+def _attach_collector() -> None:
+    """Join the collector as one more API process: traces go to its event socket, and an outbox's
+    control thread applies the runtime switch's flips here and confirms them (so a flip sent to one
+    worker reaches the others) and reports this process's health."""
+    from .join.client import CollectorClient
+    from .join.outbox import Outbox
+
+    runtime.collector = CollectorClient.attach(
+        os.environ[ev.SGLANG_MMTRACE_COLLECTOR],
+        os.environ[ev.SGLANG_MMTRACE_CONTROL],
+        os.environ[ev.SGLANG_MMTRACE_ADMIN],
+    )
+    runtime.outbox = Outbox(runtime.collector.address, API, runtime.collector.control_address)
+    runtime.outbox.start()
 
 
 def check(entry: HookEntry) -> tuple[Any, str | None]:
@@ -175,7 +210,12 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
             telemetry.warn("hook %s -> %s failed to apply: %r", entry.hook_id, entry.target, exc)
 
 
-_COLLECTOR_ENV = (ev.SGLANG_MMTRACE_COLLECTOR, ev.SGLANG_MMTRACE_CONTROL, ev.SGLANG_MMTRACE_COLLECTOR_OWNER)
+_COLLECTOR_ENV = (
+    ev.SGLANG_MMTRACE_COLLECTOR,
+    ev.SGLANG_MMTRACE_CONTROL,
+    ev.SGLANG_MMTRACE_ADMIN,
+    ev.SGLANG_MMTRACE_COLLECTOR_OWNER,
+)
 
 
 def uninstall() -> None:
@@ -196,10 +236,11 @@ def uninstall() -> None:
 
     nvtx.teardown()
     if runtime.collector is not None:
+        if runtime.collector.process is not None:  # this process started it
+            for name in _COLLECTOR_ENV:
+                os.environ.pop(name, None)
         runtime.collector.close()
         runtime.collector = None
-        for name in _COLLECTOR_ENV:
-            os.environ.pop(name, None)
     if runtime.outbox is not None:
         runtime.outbox.stop()
         runtime.outbox = None

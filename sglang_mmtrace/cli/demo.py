@@ -175,7 +175,10 @@ def _run(args: argparse.Namespace, jsonl: str, info: Any) -> int:
             flush=True,
         )
 
-    with CpuServer(port=args.port, jsonl_path=jsonl, server_args=DEMO_SERVER_ARGS, progress=progress) as server:
+    server_args = (*DEMO_SERVER_ARGS, *(a for a in args.server_args if a != "--"))
+    with CpuServer(
+        port=args.port, jsonl_path=jsonl, server_args=server_args, launcher=True, progress=progress
+    ) as server:
         print(f"server healthy at {server.base_url} after {server.startup_seconds:.1f} s", file=info, flush=True)
         assert server.log_path is not None  # chosen by start()
         plugin_lines = PluginLines(server.log_path)

@@ -94,7 +94,8 @@ class CpuServer:
 
     Use ``with CpuServer(...) as srv: stream_chat(srv.base_url, ...)``. ``plugin_enabled`` maps to
     ``SGLANG_MMTRACE=1/0`` and ``jsonl_path`` to ``SGLANG_MMTRACE_JSONL``; ``env`` is applied last,
-    so a test can override anything.
+    so a test can override anything. ``launcher=True`` starts it under ``sglang-mmtrace run`` (the plugin in
+    every server process, e.g. the tokenizer workers of ``--tokenizer-worker-num``).
     """
 
     def __init__(
@@ -109,6 +110,7 @@ class CpuServer:
         health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S,
         stop_timeout: float = 20.0,
         progress: Callable[[float, str], None] | None = None,
+        launcher: bool = False,
     ) -> None:
         self.port: int = port
         self.extra_env: dict[str, str] = dict(env or {})
@@ -124,6 +126,7 @@ class CpuServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
         self.progress = progress  # called every PROGRESS_S while starting: (seconds, the log's last lines)
+        self.launcher = launcher
 
     # -- public API -------------------------------------------------------------------------
 
@@ -138,8 +141,9 @@ class CpuServer:
         """The exact launch command (without environment), for logs and debugging."""
         if self.model_path is None:
             raise RuntimeError("model not prepared yet; call start() first")
+        run = [sys.executable, "-m", "sglang_mmtrace.cli.main", "run", "--"] if self.launcher else []
         return [
-            sys.executable, "-m", "sglang.launch_server",
+            *run, sys.executable, "-m", "sglang.launch_server",
             "--model-path", str(self.model_path),
             "--device", "cpu",
             "--host", "127.0.0.1",

@@ -32,20 +32,27 @@ _ship = switch.gate("ship")
 
 
 class CollectorClient:
-    def __init__(self, sglang_version: str) -> None:
+    """``CollectorClient(version)`` starts the collector process; ``attach`` joins one that another
+    API process started (SGLang's tokenizer workers), which it then neither owns nor stops."""
+
+    def __init__(self, sglang_version: str | None, addresses: tuple[str, str, str] | None = None) -> None:
         import zmq
 
-        self.address = ipc_address("events")
-        self.control_address = ipc_address("control")
-        self.admin_address = ipc_address("admin")
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "sglang_mmtrace.join.collector",
-                "--events", self.address, "--control", self.control_address, "--admin", self.admin_address,
-                "--sglang-version", sglang_version, "--parent", str(os.getpid()),
-            ],
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        self.address, self.control_address, self.admin_address = addresses or (
+            ipc_address("events"),
+            ipc_address("control"),
+            ipc_address("admin"),
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        if sglang_version is not None:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "sglang_mmtrace.join.collector",
+                    "--events", self.address, "--control", self.control_address, "--admin", self.admin_address,
+                    "--sglang-version", sglang_version, "--parent", str(os.getpid()),
+                ],
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
         self._sock: Any = zmq.Context.instance().socket(zmq.PUSH)
         self._sock.setsockopt(zmq.SNDHWM, 10000)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -54,6 +61,12 @@ class CollectorClient:
         self._pid = os.getpid()
         self._last_health = 0.0
         self.metrics_started = False
+
+    @classmethod
+    def attach(cls, address: str, control_address: str, admin_address: str) -> CollectorClient:
+        client = cls(None, (address, control_address, admin_address))
+        client._last_health = float("inf")  # its outbox's heartbeats carry this process's health
+        return client
 
     # -- request path (event loop) ---------------------------------------------------------------
     def finish(self, trace: ApiTrace) -> None:
@@ -100,7 +113,8 @@ class CollectorClient:
                 telemetry.drop("collector", len(out))
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the collector process (its sinks and metrics server with it) and close the socket.
+        """Stop the collector process if this client started it (its sinks and metrics server with it)
+        and close the socket.
 
         SIGTERM, as when the API process dies (``collector._die_with_parent``): requests still inside
         their grace window are not exported."""
@@ -108,7 +122,7 @@ class CollectorClient:
             if self._sock is not None:
                 self._sock.close(0)
                 self._sock = None
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(timeout_s)
