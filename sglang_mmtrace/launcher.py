@@ -46,13 +46,23 @@ def role_of(target: Any, kwargs: dict[str, Any]) -> str | None:
 
 
 def adopt(process: Any) -> None:
-    """In a starting ``multiprocessing`` child: install the plugin before its target runs, if needed."""
-    role = role_of(process._target, process._kwargs or {})
-    if role is not None:
+    """In a starting ``multiprocessing`` child: install the plugin before its target runs, if needed.
+
+    In a uvicorn worker the install waits for the app's import (``Config.load``): by then the worker
+    answers its supervisor's health pings, which it would miss while the install imports SGLang (the
+    supervisor kills a worker silent for ``SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT``, 10 s)."""
+    kwargs = process._kwargs or {}
+    role = role_of(process._target, kwargs)
+    config = kwargs.get("config")
+    if role is None:
+        return
+    if isinstance(getattr(config, "app", None), str) and callable(getattr(config, "load", None)):
+        config.load = functools.partial(_installed, role, config.load)
+    else:
         process._target = functools.partial(_installed, role, process._target)
 
 
-def _installed(role: str, target: Any, *args: Any, **kwargs: Any) -> Any:
+def _installed(role: str, target: Any, /, *args: Any, **kwargs: Any) -> Any:
     from . import plugin, telemetry
 
     try:

@@ -10,6 +10,7 @@ import inspect
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from . import config, runtime, switch, telemetry
@@ -50,6 +51,12 @@ def tokenizer_workers(argv: list[str]) -> int:
             except ValueError:
                 return 1
     return 1
+
+
+def multi_tokenizer_warning(argv: list[str], env: Mapping[str, str]) -> str | None:
+    """The start-up warning for ``--tokenizer-worker-num`` > 1 outside the launcher, else None."""
+    workers = tokenizer_workers(argv)
+    return MULTI_TOKENIZER_LIMIT % workers if workers > 1 and not env.get(ev.SGLANG_MMTRACE_LAUNCHER) else None
 
 
 def detect_role() -> str:
@@ -106,9 +113,9 @@ def _install(role: str | None) -> str | None:
     if role == API and _collector_of_another_process() is not None:
         _attach_collector()  # a tokenizer worker (``--tokenizer-worker-num`` > 1, started by ``launcher``)
     elif role == API:
-        workers = tokenizer_workers(sys.argv)
-        if workers > 1 and not os.environ.get(ev.SGLANG_MMTRACE_LAUNCHER):
-            telemetry.warn(MULTI_TOKENIZER_LIMIT, workers)
+        warning = multi_tokenizer_warning(sys.argv, os.environ)
+        if warning:
+            telemetry.warn("%s", warning)
         _start_collector(version)
     else:
         address = os.environ.get(ev.SGLANG_MMTRACE_COLLECTOR)
