@@ -1,6 +1,6 @@
 """``sglang-mmtrace``: run, doctor, demo, report, nsys, bench.
 
-- ``run -- <command>``: run an SGLang server with the plugin installed in every one of its processes.
+- ``run`` (``run -- <command>``): run an SGLang server with the plugin installed in every one of its processes.
 - ``doctor``: what the plugin would hook on the installed SGLang, its configuration and limits.
 - ``demo``: the real SGLang server on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed.
 - ``report``: per-stage tables from a records JSONL (``--html``, ``--chrome-trace``); ``--compare
