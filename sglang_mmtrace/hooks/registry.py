@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .api import (
     detokenizer_legacy,
+    engine,
     http_server,
     mm_processor,
     mm_processor_legacy,
@@ -33,6 +34,7 @@ is applied in, which is the manifest's ``process``."""
 for _module in (
     http_server,
     openai_serving,
+    engine,
     tokenizer_manager,
     mm_processor,
     transport,

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import switch, telemetry
 from .collector import ipc_address
-from .context import LIVE, ApiTrace, HttpCtx, to_wire
+from .context import LIVE, ApiTrace, EngineCall, HttpCtx, to_wire
 
 HEALTH_EVERY_S = 0.5
 """How often the API process's own counters ride along with a finished request."""
@@ -74,6 +74,10 @@ class CollectorClient:
 
     def finish_http(self, http: HttpCtx) -> None:
         self._ship(http.traces)
+
+    def finish_call(self, call: EngineCall) -> None:
+        """The offline Engine's ``generate`` returned: its requests are complete (or failed)."""
+        self._ship(call.traces)
 
     def _ship(self, traces: list[ApiTrace]) -> None:
         """Hand finished requests over; they leave ``LIVE`` now, whatever their status.
