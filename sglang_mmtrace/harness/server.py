@@ -139,11 +139,14 @@ class CpuServer:
 
     def command(self) -> list[str]:
         """The exact launch command (without environment), for logs and debugging."""
-        if self.model_path is None:
-            raise RuntimeError("model not prepared yet; call start() first")
         run = [sys.executable, "-m", "sglang_mmtrace.cli.main", "run", "--"] if self.launcher else []
+        return [*run, sys.executable, "-m", "sglang.launch_server", *self.server_flags()]
+
+    def server_flags(self) -> list[str]:
+        """SGLang's server arguments for the CPU run (also what the offline Engine is built from)."""
+        if self.model_path is None:
+            raise RuntimeError("model not prepared yet; call start() or prepare() first")
         return [
-            *run, sys.executable, "-m", "sglang.launch_server",
             "--model-path", str(self.model_path),
             "--device", "cpu",
             "--host", "127.0.0.1",
@@ -185,6 +188,10 @@ class CpuServer:
         """Prepare model and stub, launch the server, and block until it answers /health."""
         if self.process is not None:
             raise RuntimeError("server already started")
+        return self._launch(self.prepare())
+
+    def prepare(self) -> dict[str, str]:
+        """Build the model and the stub, pick the port and the log file; returns the child environment."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.model_path = ensure_tiny_model(self.cache_dir)
         stub_dir = build_cuda_stub(self.cache_dir)
@@ -196,8 +203,7 @@ class CpuServer:
             self.log_path = Path(name)
         else:
             self.log_path = self._log_path_arg  # _launch creates its folder
-
-        return self._launch(self.environment(stub_dir))
+        return self.environment(stub_dir)
 
     def _launch(self, env: dict[str, str]) -> CpuServer:
         """Start ``command()`` in its own session, logging to ``log_path``; wait for /health or stop it."""
