@@ -37,6 +37,22 @@ def engine_run(tmp_path_factory):
     return json.loads(out.read_text())["calls"], read_records(srv.jsonl_path), srv
 
 
+def _stage(rec: dict, name: str) -> dict:
+    return next(s for s in rec["stages"] if s["name"] == name)
+
+
+def _queued_behind(rec: dict, head: dict) -> float:
+    """The share of TTFT a batch item spent waiting for the batch's first item (0 for the first, or
+    outside a batch): SGLang tokenizes a batch's items one after the other, each after the previous one
+    was dispatched, and no stage covers that wait. Checked to be exactly that wait."""
+    if rec is head or rec["arrival_unix_s"] != head["arrival_unix_s"]:
+        return 0.0
+    dispatched = _stage(head, "dispatch")
+    waited = _stage(rec, "tokenize")["start_s"]
+    assert waited == pytest.approx(dispatched["start_s"] + dispatched["dur_s"], abs=2e-3), (waited, dispatched)
+    return waited / rec["ttft_s"]
+
+
 def test_every_engine_request_has_one_record_rooted_at_the_call(engine_run):
     calls, recs, srv = engine_run
     by_rid = {r["rid"]: r for r in recs}
@@ -48,24 +64,25 @@ def test_every_engine_request_has_one_record_rooted_at_the_call(engine_run):
         "batch",
         "batch",
     ]
+    batch_head = by_rid[calls[3]["rid"]]
     for call in calls:
         rid = call["rid"]
         assert counts[rid] == 1, f"{rid}: {counts[rid]} records; log {srv.log_path}"
         rec = by_rid[rid]
         names = [s["name"] for s in rec["stages"]]
-        assert rec["status"] == "ok" and rec["coverage"] >= 0.95, rec
+        assert rec["status"] == "ok" and rec["coverage"] >= 0.95 - _queued_behind(rec, batch_head), rec
         assert not [n for n in names if n.startswith("http.") or n == "response.first_chunk"], names
         assert {"request", "tokenize", "mm.process", "dispatch", "scheduler.recv", "scheduler.queue",
                 "model.forward", "detokenize"} <= set(names), names  # fmt: skip
         root = next(s for s in rec["stages"] if s["name"] == "request")
-        assert root["start_s"] == 0 and root["duration_s"] == pytest.approx(rec["ttft_s"], abs=1e-6), root
+        assert root["start_s"] == 0 and root["dur_s"] == pytest.approx(rec["ttft_s"], abs=1e-6), root
         # the root starts at the generate call and the first output arrives before the call returns
         assert call["t_before"] - 0.05 <= rec["arrival_unix_s"] <= call["t_after"], (call, rec["arrival_unix_s"])
         assert rec["arrival_unix_s"] + rec["ttft_s"] <= call["t_after"] + 0.05
         assert (rec["prompt_tokens"], rec["cached_tokens"], rec["output_tokens"]) == (
             call["prompt_tokens"], call["cached_tokens"], call["completion_tokens"]
         ), (call, rec)  # fmt: skip
-        assert rec["images"] == 1, rec["images"]
+        assert [(i["width"], i["height"]) for i in rec["images"]] == [(256, 256)], rec["images"]
     print("engine records:", [(c["kind"], by_rid[c["rid"]]["ttft_s"], by_rid[c["rid"]]["coverage"]) for c in calls])
 
 
