@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import records, start_server, state
 from peers.otlp_receiver import OtlpReceiver
-from reliability import chat_body, plugin_lines, post, send_image_requests, sse_usage
+from reliability import chat_body, flip, plugin_lines, post, send_image_requests, sse_usage
 
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.harness import data_url, image_message, make_image
@@ -101,6 +101,18 @@ def test_two_tokenizer_workers_under_the_launcher_record_every_request_once(work
     print(f"--tokenizer-worker-num 2 under the launcher: {len(served)} records; requests per worker {per_worker}")
     assert set(served.values()) == workers, f"only worker(s) {set(served.values())} served: {per_worker}"
     assert not [line for line in plugin_lines(srv) if "--tokenizer-worker-num" in line], "\n".join(plugin_lines(srv))
+
+
+def test_a_flip_sent_to_one_worker_reaches_the_other(workers2):
+    """``POST /mmtrace/enabled`` lands on one worker; the other applies and confirms it through its outbox."""
+    srv, _ = workers2
+    workers = {int(key.partition(":")[2]) for key in state(srv)["peers"] if key.startswith("api:")}
+    for on in (False, True):
+        status, answer = flip(srv.port, {"on": on})
+        assert status == 200, answer  # 200: every process confirmed
+        api = {int(key.partition(":")[2]) for key in answer["processes"] if key.startswith("api:")}
+        assert api == workers and len(workers) == 2, answer
+        assert all(p["on"] is on and p["generation"] == answer["generation"] for p in answer["processes"].values())
 
 
 # -- --dp-size 2: two scheduler processes behind one API process ---------------------------------
