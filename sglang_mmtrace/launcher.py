@@ -57,16 +57,16 @@ def adopt(process: Any) -> None:
     if role is None:
         return
     if isinstance(getattr(config, "app", None), str) and callable(getattr(config, "load", None)):
-        config.load = functools.partial(_installed, role, config.load)
+        config.load = functools.partial(_installed, role, True, config.load)  # a worker joins the collector
     else:
-        process._target = functools.partial(_installed, role, process._target)
+        process._target = functools.partial(_installed, role, False, process._target)
 
 
-def _installed(role: str, target: Any, /, *args: Any, **kwargs: Any) -> Any:
+def _installed(role: str, join: bool, target: Any, /, *args: Any, **kwargs: Any) -> Any:
     from . import plugin, telemetry
 
     try:
-        plugin.install(role)
+        plugin.install(role, join)
     except Exception as exc:  # never keep SGLang's process from starting
         telemetry.contained("launcher.install", exc)
     return target(*args, **kwargs)

@@ -81,8 +81,11 @@ def load() -> None:
         telemetry.warn("not installed: %r", exc)
 
 
-def install(role: str | None = None) -> str | None:
+def install(role: str | None = None, join: bool = False) -> str | None:
     """Install the plugin in this process. Returns the role, or None when off.
+
+    ``join``: an API process started by one that holds the collector (SGLang's tokenizer workers, adopted
+    by ``launcher``) joins that collector instead of starting its own.
 
     A second call is a no-op (SGLang's loader and a user's ``sglang_mmtrace.install()`` may both run
     in one process): one set of wrappers, one collector. If installing fails half-way, what was started
@@ -90,13 +93,13 @@ def install(role: str | None = None) -> str | None:
     if runtime.role is not None:
         return runtime.role
     try:
-        return _install(role)
+        return _install(role, join)
     except BaseException:
         uninstall()
         raise
 
 
-def _install(role: str | None) -> str | None:
+def _install(role: str | None, join: bool) -> str | None:
     cfg = config.get()
     if not cfg.enabled:
         return None
@@ -110,8 +113,8 @@ def _install(role: str | None) -> str | None:
         telemetry.warn("manifest override %s=%s", ev.SGLANG_MMTRACE_MANIFEST, manifest.override)
     elif not manifest.exact:
         telemetry.warn("SGLang %s has no manifest; using the %s targets that resolve", version, manifest.version)
-    if role == API and _collector_of_another_process() is not None:
-        _attach_collector()  # a tokenizer worker (``--tokenizer-worker-num`` > 1, started by ``launcher``)
+    if role == API and join and _collector_of_another_process() is not None:
+        _attach_collector()
     elif role == API:
         warning = multi_tokenizer_warning(sys.argv, os.environ)
         if warning:

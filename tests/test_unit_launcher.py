@@ -46,21 +46,22 @@ def test_role_of_children():
 
 def test_adopt_installs_before_the_target_and_passes_everything_through(monkeypatch):
     installed: list[str] = []
-    monkeypatch.setattr(plugin, "install", lambda role: installed.append(role))
+    monkeypatch.setattr(plugin, "install", lambda role, join: installed.append((role, join)))
     proc = SimpleNamespace(_target=run_detokenizer_process, _kwargs={})
     launcher.adopt(proc)
-    assert installed == [] and proc._target(1, port_args=2) == (1, 2) and installed == [plugin.DETOKENIZER]
+    assert installed == [] and proc._target(1, port_args=2) == (1, 2) and installed == [(plugin.DETOKENIZER, False)]
 
     loads: list[int] = []
     config = SimpleNamespace(app="sglang.srt.entrypoints.http_server:app", load=lambda: loads.append(1) or "loaded")
     worker = SimpleNamespace(_target=subprocess_started, _kwargs={"config": config, "target": "t", "sockets": []})
     launcher.adopt(worker)
     assert worker._target is subprocess_started  # the worker answers its supervisor's pings first
-    assert config.load() == "loaded" and loads == [1] and installed == [plugin.DETOKENIZER, plugin.API]
+    assert config.load() == "loaded" and loads == [1]
+    assert installed == [(plugin.DETOKENIZER, False), (plugin.API, True)]  # the worker joins the collector
 
 
 def test_a_failing_install_never_stops_the_child_and_is_counted(monkeypatch):
-    def boom(role):
+    def boom(role, join):
         raise RuntimeError("no")
 
     monkeypatch.setattr(plugin, "install", boom)
