@@ -47,12 +47,7 @@ def _spans_of(receiver: OtlpReceiver, rec: dict, timeout: float = 60.0) -> list:
 def workers2(tmp_path_factory):
     receiver = OtlpReceiver()
     receiver.start_http()
-    env = {
-        "SGLANG_MMTRACE_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.http_port}",
-        # uvicorn kills a worker that misses its supervisor's pings this long; importing SGLang on a
-        # shared 2-core machine can hold the GIL longer than the default 10 s
-        "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT": "120",
-    }
+    env = {"SGLANG_MMTRACE_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.http_port}"}
     args = (*DEMO_SERVER_ARGS, "--tokenizer-worker-num", "2")
     try:
         with start_server(tmp_path_factory, "tokenizer-workers-2", env=env, server_args=args, launcher=True) as srv:

@@ -177,6 +177,9 @@ class CpuServer:
                 # sglang_mmtrace source as the test process (editable install or not).
                 "PYTHONPATH": _prepend_path(f"{SHIMS_DIR}{os.pathsep}{_PROJECT_ROOT}", env.get("PYTHONPATH")),
                 "PYTHONUNBUFFERED": "1",
+                # With --tokenizer-worker-num > 1 uvicorn kills a worker that misses its pings this long;
+                # importing SGLang on a busy 2-core machine can hold the GIL longer than the default 10 s.
+                "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT": "120",
             }
         )
         if self.jsonl_path is not None:
