@@ -17,6 +17,7 @@ class Config:
     jsonl_path: str | None = _D["jsonl_path"]
     otlp_endpoint: str | None = _D["otlp_endpoint"]
     otlp_protocol: str = _D["otlp_protocol"]
+    otlp_metrics: bool = _D["otlp_metrics"]
     sample: float = _D["sample"]
     metrics: bool = _D["metrics"]
     metrics_port: int = _D["metrics_port"]

@@ -80,6 +80,10 @@ class Variable:
 SGLANG_MMTRACE_MANIFEST = "SGLANG_MMTRACE_MANIFEST"
 """Path of a manifest TOML that replaces the packaged one (a patched SGLang build; drift tests)."""
 
+SGLANG_MMTRACE_WHEEL_CACHE = "SGLANG_MMTRACE_WHEEL_CACHE"
+"""Folder of the SGLang release wheels that the manifest check reads (``doctor --matrix``, CI); default
+``~/.cache/sglang-mmtrace/wheels``. Not read by the plugin."""
+
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
@@ -102,6 +106,13 @@ VARIABLES: tuple[Variable, ...] = (
         "http/protobuf",
         "grpc or http/protobuf",
         fallbacks=(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,),
+    ),
+    Variable(
+        "SGLANG_MMTRACE_OTLP_METRICS",
+        "otlp_metrics",
+        False,
+        "1: also export the OpenTelemetry GenAI server metrics over OTLP, to the spans' endpoint and protocol",
+        _flag,
     ),
     Variable(
         "SGLANG_MMTRACE_SAMPLE",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 from . import environment_variables as ev
@@ -27,22 +27,26 @@ class Manifest:
     hooks: tuple[HookEntry, ...]
     exact: bool  # False when the installed SGLang has no manifest of its own
     override: str | None = None  # the SGLANG_MMTRACE_MANIFEST file, when one replaced the packaged manifest
+    absent: dict[str, str] = field(default_factory=dict)
+    """The manifest's ``[absent]`` table: stage -> why this release has no target for it."""
 
     def for_process(self, process: str) -> list[HookEntry]:
         return [h for h in self.hooks if h.process == process]
 
 
-def _parse(version: str, path: str | None = None) -> tuple[HookEntry, ...]:
+def _parse(version: str, path: str | None = None) -> tuple[tuple[HookEntry, ...], dict[str, str]]:
+    """(hooks, the ``[absent]`` table) of the packaged manifest of ``version``, or of the file ``path``."""
     if path is not None:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     else:
         text = resources.files("sglang_mmtrace.patches").joinpath(f"sglang-{version}.toml").read_text()
     data = tomllib.loads(text)
-    return tuple(
+    hooks = tuple(
         HookEntry(hook_id, h["target"], h["kind"], h["process"], tuple(h.get("stages", ())), h.get("required", True))
         for hook_id, h in data["hooks"].items()
     )
+    return hooks, dict(data.get("absent", {}))
 
 
 def load(sglang_version: str | None) -> Manifest:
@@ -52,9 +56,12 @@ def load(sglang_version: str | None) -> Manifest:
     """
     override = os.environ.get(ev.SGLANG_MMTRACE_MANIFEST)
     if override:
-        return Manifest(sglang_version or "unknown", _parse("", override), True, override)
+        hooks, absent = _parse("", override)
+        return Manifest(sglang_version or "unknown", hooks, True, override, absent)
     if sglang_version in SUPPORTED_VERSIONS:
-        return Manifest(sglang_version, _parse(sglang_version), True)
+        hooks, absent = _parse(sglang_version)
+        return Manifest(sglang_version, hooks, True, absent=absent)
     candidates = [v for v in SUPPORTED_VERSIONS if sglang_version and version_key(v) <= version_key(sglang_version)]
     base = max(candidates, key=version_key) if candidates else PRIMARY_VERSION
-    return Manifest(base, _parse(base), False)
+    hooks, absent = _parse(base)
+    return Manifest(base, hooks, False, absent=absent)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 
 _instruments = ("sglang >= 0.5.17, <= 0.5.23",)
-SUPPORTED_VERSIONS = ("0.5.17", "0.5.23")
+SUPPORTED_VERSIONS = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PRIMARY_VERSION = "0.5.23"
 
 _OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt}

@@ -129,6 +129,11 @@ def _install(role: str | None, join: bool) -> str | None:
         from .join.outbox import Outbox
 
         runtime.outbox = Outbox(address, role, os.environ.get(ev.SGLANG_MMTRACE_CONTROL))
+        if role == SCHEDULER and cfg.metrics:
+            from . import occupancy
+            from .hooks.base import guarded
+
+            runtime.outbox.pending_gauges["occupancy"] = lambda: guarded("occupancy", occupancy.scheduler_sample)
         runtime.outbox.start()
     from .sinks import nvtx
 

@@ -61,9 +61,10 @@ def start_server(
         srv.stop()
 
 
-def capped_model_cache(root: Path, max_pixels: int) -> Path:
+def capped_model_cache(root: Path, max_pixels: int, min_pixels: int | None = None) -> Path:
     """A model cache holding the tiny model with the image processor capped at ``max_pixels``
-    (``size.longest_edge`` in ``processor_config.json``; the weights are a link to the shared copy).
+    (``size.longest_edge`` in ``processor_config.json``; the weights are a link to the shared copy),
+    and its floor lowered to ``min_pixels`` (``size.shortest_edge``) when given.
 
     The tiny model's own cap (16,777,216 px) turns a large image into thousands of visual tokens; with a
     lower cap a large image costs its decode and resize, and the encoder sees the capped size."""
@@ -74,6 +75,8 @@ def capped_model_cache(root: Path, max_pixels: int) -> Path:
         if item.name == "processor_config.json":
             cfg = json.loads(item.read_text())
             cfg["image_processor"]["size"]["longest_edge"] = max_pixels
+            if min_pixels is not None:
+                cfg["image_processor"]["size"]["shortest_edge"] = min_pixels
             (dst / item.name).write_text(json.dumps(cfg, indent=2))
         elif item.name == "model.safetensors":
             (dst / item.name).symlink_to(item)

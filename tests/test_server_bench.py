@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import read_records, records, state
+from peers.chromium import dump_dom, ink, parse_dom
 
 from sglang_mmtrace import switch
 from sglang_mmtrace.bench.records import rid_keys
 from sglang_mmtrace.bench.summary import encoder_ran, summaries
 from sglang_mmtrace.cli.main import main
+from sglang_mmtrace.harness import ensure_tiny_model
+from sglang_mmtrace.report.analysis import exclusive_times
+from sglang_mmtrace.report.scaling import resolution_summary
+from sglang_mmtrace.report.tail import OWN, parts, tail_summary
 
 pytestmark = pytest.mark.server
 
@@ -93,12 +98,17 @@ def test_order(server, tmp_path: Path) -> None:
         assert ln["cache"]["embedding"] == "hit" and not encoder_ran(ln)
 
 
-def test_concurrency(server, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def concurrency_lines(server, tmp_path_factory) -> list[dict[str, Any]]:
     url = ["--url", server.base_url, "--records", str(server.jsonl_path)]
-    lines = bench(
-        tmp_path, *url, "--experiment", "concurrency", "--concurrency", "1,4", "--n", "4", "--warmup", "1",
-        "--size", "128",
+    return bench(
+        tmp_path_factory.mktemp("concurrency"), *url, "--experiment", "concurrency", "--concurrency", "1,4", "--n", "4",
+        "--warmup", "1", "--size", "128",
     )  # fmt: skip
+
+
+def test_concurrency(server, concurrency_lines: list[dict[str, Any]]) -> None:
+    lines = concurrency_lines
     check_matches_records(server, lines)
     levels: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for ln in lines:
@@ -126,6 +136,143 @@ def test_concurrency(server, tmp_path: Path) -> None:
     assert max_in_flight(levels[4]) >= 2  # the 4 clients really overlapped
     s = {x["variant"]: x for x in summaries(lines)}
     assert s["4 clients"]["stages"]["scheduler.queue"]["n"] == 4
+
+
+def encoder_stages(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in rec["stages"] if s["name"] == "model.vision_encoder" and not s["attrs"]["skipped"]]
+
+
+def encoder_interval(rec: dict[str, Any], stage: dict[str, Any]) -> tuple[float, float]:
+    """The encoder call on the wall clock: (start, duration); the requests of one call share it."""
+    return rec["arrival_unix_s"] + stage["start_s"], stage["dur_s"]
+
+
+def test_concurrency_tail(concurrency_lines: list[dict[str, Any]]) -> None:
+    """Per level the slowest 5% (here 1 of 4 requests) against the median request: the parts (exclusive
+    stage times, unattributed rest) add up to each request's TTFT, so the growths add up to the TTFT
+    difference; a batched stage's own share is its exclusive time over the requests that shared it, and
+    the vision encoder's ``requests`` is the number of this run's requests whose record has that call."""
+    result = tail_summary(concurrency_lines)
+    assert list(result) == ["1", "4"]
+    calls = [encoder_interval(ln, st) for ln in concurrency_lines for st in encoder_stages(ln)]
+    for c, level in result.items():
+        recs = sorted(
+            (ln for ln in concurrency_lines if ln["bench"]["concurrency"] == int(c)), key=lambda r: r["ttft_s"]
+        )
+        assert level["records"] == 4 and level["ttft_p99"] <= recs[-1]["ttft_s"]
+        t = level["tail"]
+        assert t["n"] == 1 and t["rids"] == [recs[-1]["rid"]] and t["median_rid"] == recs[1]["rid"]
+        for rec in (recs[1], recs[-1]):
+            p = parts(rec)
+            assert sum(p.values()) == pytest.approx(rec["ttft_s"], abs=1e-6)
+            excl = exclusive_times(rec)
+            for st in encoder_stages(rec):
+                k = st["attrs"]["requests"]
+                here = encoder_interval(rec, st)
+                same_call = sum(abs(here[0] - a) < 2e-3 and abs(here[1] - b) < 2e-3 for a, b in calls)
+                assert k == same_call <= st["attrs"]["batch_size"], (k, same_call, st["attrs"])
+                assert p[f"model.vision_encoder · {OWN}"] == pytest.approx(excl["model.vision_encoder"] / k)
+        assert t["parts_sum"] == pytest.approx(recs[-1]["ttft_s"], abs=1e-6)
+        assert sum(r["growth_s"] for r in t["parts"]) == pytest.approx(t["growth_s"], abs=1e-6)
+        assert t["growth_s"] == pytest.approx(recs[-1]["ttft_s"] - recs[1]["ttft_s"], abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def resolution_lines(server, tmp_path_factory) -> list[dict[str, Any]]:
+    url = ["--url", server.base_url, "--records", str(server.jsonl_path)]
+    return bench(
+        tmp_path_factory.mktemp("resolution"), *url, "--experiment", "resolution", "--sizes", ",".join(map(str, SIZES)),
+        "--aspects", "1:1,16:9", "--n", str(ROUNDS), "--warmup", "1",
+    )  # fmt: skip
+
+
+SIZES = (256, 384, 512)  # long edges: small, for the CPU; 256x144 is below the processor's minimum pixels
+ROUNDS = 3
+
+
+def expected_tokens(width: int, height: int) -> int:
+    """Visual tokens as the Qwen3-VL processor computes them: ``smart_resize`` to multiples of
+    patch x merge (32 px) within the tiny model's min/max pixels, then one token per 32x32 px."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    cfg = json.loads((ensure_tiny_model() / "processor_config.json").read_text())["image_processor"]
+    factor = cfg["patch_size"] * cfg["merge_size"]
+    h, w = smart_resize(
+        height, width, factor, min_pixels=cfg["size"]["shortest_edge"], max_pixels=cfg["size"]["longest_edge"]
+    )
+    return h * w // factor**2
+
+
+def test_resolution(server, resolution_lines: list[dict[str, Any]]) -> None:
+    """Every shape x kind, interleaved; sizes, bytes and visual tokens as the image and the processor
+    say; repeats skip decoding and the encoder; the per-request fit finds decoding or resizing
+    growing with pixels, and no stage that a repeat skips is fitted for the repeats."""
+    lines = resolution_lines
+    check_matches_records(server, lines)
+    shapes = {(w, h) for e in SIZES for w, h in ((e, e), (e, round(e * 9 / 16)))}
+    cells = Counter((ln["bench"]["width"], ln["bench"]["height"], ln["bench"]["kind"]) for ln in lines)
+    assert cells == {(w, h, k): ROUNDS for w, h in shapes for k in ("new", "repeated")}
+    first_round = [ln["bench"]["variant"] for ln in lines[: 2 * len(shapes)]]
+    assert len(set(first_round)) == 2 * len(shapes)  # each round sends every cell once
+    for ln in lines:
+        b, (img,) = ln["bench"], ln["images"]
+        assert (img["width"], img["height"], img["bytes"]) == (b["width"], b["height"], b["image_bytes"])
+        assert img["visual_tokens"] == expected_tokens(b["width"], b["height"]), b["variant"]
+        if b["kind"] == "repeated":
+            assert ln["cache"]["image_prefix_hit"] and not encoder_ran(ln) and ln["cache"]["preprocess"] == "hit"
+        else:
+            assert encoder_ran(ln) and ln["cache"]["preprocess"] == "miss"
+    result = resolution_summary(lines)
+    by_cell = {(c["width"], c["height"], c["kind"]): c for c in result["cells"]}
+    assert [c["megapixels"] for c in result["cells"]] == sorted(c["megapixels"] for c in result["cells"])
+    for (w, h, _), c in by_cell.items():
+        assert c["visual_tokens"] == expected_tokens(w, h) and c["records"] == ROUNDS
+    tokens = [by_cell[(e, e, "new")]["visual_tokens"] for e in SIZES]
+    assert tokens == sorted(tokens) and tokens[0] < tokens[-1]
+    new, repeated = result["fits"]["new"], result["fits"]["repeated"]
+    scaling = {s for s, f in new.items() if f["megapixels"]["verdict"] == "scales"}
+    assert scaling & {"mm.decode", "mm.resize_normalize", "model.vision_encoder"}, table(new)
+    for stage in scaling:
+        assert new[stage]["megapixels"]["ci"][0] > 0 and new[stage]["megapixels"]["slope"] > 0
+    assert not {"mm.decode", "mm.resize_normalize", "model.vision_encoder"} & set(repeated), table(repeated)
+
+
+def table(fits: dict[str, Any]) -> str:
+    return "\n".join(f"{s}: {f['megapixels']}" for s, f in fits.items())
+
+
+def test_resolution_and_concurrency_html_in_headless_chromium(
+    resolution_lines: list[dict[str, Any]], concurrency_lines: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """``report --html`` of both experiments' lines: the resolution charts have one point per shape on
+    every line, the concurrency chart one per level, the tail bars are drawn, and the screenshot is not blank."""
+    src = tmp_path / "both.jsonl"
+    src.write_text("".join(json.dumps(ln) + "\n" for ln in [*resolution_lines, *concurrency_lines]))
+    page = tmp_path / "report.html"
+    assert main(["report", str(src), "--html", str(page)]) == 0
+    non_white, colours = ink(page, tmp_path / "report.png")
+    assert non_white > 0.03 and colours > 50, f"blank-looking screenshot: {non_white:.3f} non-white, {colours} colours"
+    dom = parse_dom(dump_dom(page))
+    (res,) = [s for s in dom.iter("section") if s.attrs.get("id") == "resolution"]
+    kinds = {d.attrs["data-kind"]: d for d in res.iter("div", "resolution-kind")}
+    assert set(kinds) == {"new", "repeated"}
+    n_shapes = len({(ln["bench"]["width"], ln["bench"]["height"]) for ln in resolution_lines})
+    for kind, block in kinds.items():
+        series = {g.attrs["data-series"]: g for g in block.iter("g", "series")}
+        assert "TTFT" in series and len(series) >= 2, kind
+        ttft_points = list(series["TTFT"].iter("circle", "pt"))
+        assert len(ttft_points) == n_shapes and any(float(p.attrs["data-ms"]) > 0 for p in ttft_points), kind
+        assert {r.attrs["data-stage"] for r in block.iter("tr", "fit")} >= {"TTFT"}
+    (conc,) = [s for s in dom.iter("section") if s.attrs.get("id") == "concurrency"]
+    lines = {g.attrs["data-series"]: g for g in conc.iter("g", "series")}
+    assert set(lines) == {"TTFT p50", "TTFT p95", "TTFT p99"}
+    assert all(len(list(g.iter("circle", "pt"))) == 2 for g in lines.values())
+    tails = {d.attrs["data-streams"]: d for d in conc.iter("div", "tail")}
+    assert set(tails) == {"1", "4"}
+    for c, block in tails.items():
+        for side in ("median", "tail"):
+            width = sum(float(r.attrs["width"]) for r in block.iter("rect", "seg") if r.attrs["data-side"] == side)
+            assert width > 5, (c, side)
 
 
 def test_caches_launch_mode(tmp_path: Path) -> None:

@@ -38,8 +38,13 @@ RULES = sorted((REPO / "docker" / "prometheus" / "rules").glob("*.yml"))
 INJECTED = "mm_processor.resize_normalize"
 ROUNDS = 2
 HEALTH_TIMEOUT_S = 180.0  # dropped spans are counted once the exporter gives up on the closed port
-NO_DATA_ON_CPU: dict[tuple[str, str], str] = {}
-"""(panel title, refId) -> why the CPU server legitimately gives it no series. Empty: all have data."""
+_NO_CUDA = "the cuda_ipc transport needs CUDA: the CPU server has no cuda_ipc pool"
+NO_DATA_ON_CPU: dict[tuple[str, str], str] = {
+    ("Feature transport: bytes in flight", "B"): _NO_CUDA,
+    ("Feature transport: bytes in flight", "C"): _NO_CUDA,
+    ("Shared-memory segments in flight; cuda_ipc fallbacks/s", "B"): _NO_CUDA,
+}
+"""(panel title, refId) -> why the CPU server legitimately gives it no series."""
 MAY_BE_ABSENT = {
     "detokenize.inbox_wait": "joined gap: exists only when the detokenizer picked the hand-off up after it was sent",
     "response.inbox_wait": "joined gap: exists only when the API loop received the output after it was detokenized",

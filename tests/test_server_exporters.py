@@ -32,6 +32,7 @@ from peers.prometheus import PrometheusServer, promtool_check_metrics, require_t
 from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_mmtrace.harness import CpuServer, chat_request, data_url, image_message, make_image
+from sglang_mmtrace.sinks import genai
 from sglang_mmtrace.sinks.prometheus import METRICS, PREFIX
 from sglang_mmtrace.stages import ROOT, STAGES
 
@@ -312,6 +313,8 @@ def server_a(tmp_path_factory, http_receiver):
         "SGLANG_MMTRACE_OTLP_ENDPOINT": f"http://127.0.0.1:{http_receiver.http_port}",
         "SGLANG_MMTRACE_OTLP_PROTOCOL": "http/protobuf",
         "SGLANG_MMTRACE_SAMPLE": "1.0",
+        "SGLANG_MMTRACE_OTLP_METRICS": "1",
+        "OTEL_METRIC_EXPORT_INTERVAL": "500",  # ms; the SDK's default is 60 s
     }
     with start_server(tmp_path_factory, "exporters-a", env=env) as srv:
         yield srv
@@ -668,7 +671,9 @@ def test_promtool_check_metrics(prometheus, scraped):
     contract = {PREFIX + name for name in METRICS}
     # errors_total / dropped_total have no sample until something fails or drops (prometheus_client
     # in multiprocess mode then omits the family); every request-driven family is there.
-    request_driven = contract - {PREFIX + "errors_total", PREFIX + "dropped_total"}
+    # the cuda_ipc pool's families exist only with the cuda_ipc transport, which needs CUDA
+    no_cuda = {PREFIX + n for n in METRICS if n.startswith("cuda_ipc_pool_")}
+    request_driven = contract - {PREFIX + "errors_total", PREFIX + "dropped_total"} - no_cuda
     assert request_driven <= families <= contract, (sorted(families), sorted(contract))
     rc, out = promtool_check_metrics(ours)
     assert rc == 0 and not out, f"promtool check metrics (sglang_mmtrace_* families) rc={rc}:\n{out}"
@@ -678,3 +683,70 @@ def test_promtool_check_metrics(prometheus, scraped):
     assert not ours_flagged, "\n".join(ours_flagged)
     if rc_all != 0:  # only lint findings about SGLang's own metrics are tolerated, never parse errors
         assert all(" " in line and "error while linting" not in line for line in out_all.splitlines()), out_all
+
+
+# -- OpenTelemetry GenAI server metrics (Prometheus and OTLP) ------------------------------------
+
+
+def genai_expected(recs: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """The conventions' three values per record, computed here from the record's own fields."""
+    out: dict[str, list[float]] = {genai.TTFT: [], genai.DURATION: [], genai.TPOT: []}
+    for r in recs:
+        if r["e2e_s"] is not None:
+            out[genai.DURATION].append(r["e2e_s"])
+        if r["status"] == "ok" and r["ttft_s"] is not None:
+            out[genai.TTFT].append(r["ttft_s"])
+            if r["output_tokens"] > 1:
+                out[genai.TPOT].append((r["e2e_s"] - r["ttft_s"]) / (r["output_tokens"] - 1))
+    return out
+
+
+def test_prometheus_genai_metrics_match_records(prometheus, scraped):
+    """``gen_ai_server_*_seconds``: counts and sums equal the records' values, the conventions'
+    buckets and attributes, and ``promtool check metrics`` finds nothing in them."""
+    expected = genai_expected(scraped.records)
+    assert all(expected.values()), {k: len(v) for k, v in expected.items()}
+    for name, (_, bounds) in genai.METRICS.items():
+        prom = genai.prometheus_name(name)
+        assert prometheus.scalar(f"sum({prom}_count)", scraped.at) == len(expected[name]), name
+        got = prometheus.scalar(f"sum({prom}_sum)", scraped.at)
+        assert got == pytest.approx(sum(expected[name]), rel=1e-6, abs=1e-9), name
+        series = prometheus.query(f"{prom}_bucket", scraped.at)
+        assert {float(s["metric"]["le"]) for s in series} == {*bounds, float("inf")}, name
+        for s in series:
+            labels = s["metric"]
+            assert labels["gen_ai_operation_name"] == "chat" and labels["gen_ai_provider_name"] == "sglang", labels
+            assert labels["gen_ai_request_model"] in {r["model"] for r in scraped.records}, labels
+    families = [
+        line
+        for line in scraped.text.splitlines()
+        if line.startswith("gen_ai_server_") or (line.startswith("# ") and " gen_ai_server_" in line)
+    ]
+    rc, out = promtool_check_metrics("\n".join(families) + "\n")
+    assert rc == 0 and not out, f"promtool check metrics (gen_ai_server_* families) rc={rc}:\n{out}"
+
+
+def test_otlp_genai_metrics_match_records(scraped, http_receiver, server_a):
+    """The same three histograms over OTLP/HTTP (``POST /v1/metrics``) to the spans' receiver: the
+    latest cumulative point of each carries the records' count and sum and the conventions' buckets."""
+    expected = genai_expected(scraped.records)
+    deadline = time.monotonic() + SPAN_TIMEOUT_S
+    while True:
+        latest: dict[tuple[str, str], Any] = {}  # (metric, its attributes) -> the newest cumulative point
+        for p in http_receiver.metric_snapshot():
+            key = (p.name, json.dumps(p.attrs, sort_keys=True))
+            if key not in latest or p.time_ns >= latest[key].time_ns:
+                latest[key] = p
+        counts = {name: sum(p.count for (n, _), p in latest.items() if n == name) for name in genai.METRICS}
+        if counts == {name: len(v) for name, v in expected.items()} or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    assert counts == {name: len(v) for name, v in expected.items()}, (counts, plugin_warnings(server_a))
+    for name in genai.METRICS:
+        got = sum(p.sum for (n, _), p in latest.items() if n == name)
+        assert got == pytest.approx(sum(expected[name]), rel=1e-6, abs=1e-9), name
+    for (name, _), point in latest.items():
+        assert point.bounds == genai.METRICS[name][1] and point.unit == "s" and point.temporality == 2, point
+        assert point.attrs["gen_ai.provider.name"] == "sglang" and point.attrs["gen_ai.operation.name"] == "chat"
+        assert point.resource["service.name"] == "sglang" and point.transport == "http"
+    assert not http_receiver.bad_requests, http_receiver.bad_requests[:5]

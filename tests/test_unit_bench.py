@@ -7,6 +7,7 @@ CLI's bad input (a dead ``--url``: nothing listens on the port, so no server is 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -18,11 +19,13 @@ from typing import Any
 import numpy as np
 
 from sglang_mmtrace.bench import ablation, overhead, procs, throughput
+from sglang_mmtrace.bench import experiments as ex
 from sglang_mmtrace.bench.client import _dechunk, _first_choices_seen, _sse_events, carries_choices
-from sglang_mmtrace.bench.experiments import Options
+from sglang_mmtrace.bench.experiments import Options, image_shape
 from sglang_mmtrace.bench.records import RecordsTail
 from sglang_mmtrace.bench.stats import (
     bootstrap_quantile_ci,
+    bootstrap_slope_ci,
     geomean_ratio_ci,
     paired_ratio_ci,
     ratio_of_means_ci,
@@ -504,6 +507,15 @@ def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatc
     assert res["ab"]["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 12, "off_with_record": 0}
     assert res["aa"]["records"]["on_with_record"] == 0
     assert len(out.lines) == 4 * 2 * 3 * 2
+    # the A/A control alone (a device call too short for both runs)
+    events.clear()
+    opts.ab = False
+    out = driver.Outcome()
+    driver.run_crossover(st, out)
+    assert [n for e, n in events if e == "start"] == [
+        "crossover-aa0-on", "crossover-aa0-off", "crossover-aa1-off", "crossover-aa1-on",
+    ]  # fmt: skip
+    assert set(out.results["overhead-crossover"]) >= {"aa"} and "ab" not in out.results["overhead-crossover"]
 
 
 def _dead_url() -> str:
@@ -567,3 +579,52 @@ def test_all_failed_only_when_every_measured_request_failed() -> None:
     assert bench_cli.all_failed([line(False, "A: a"), line(False, "B: b"), line(False, "A: a")]) == (
         "all 3 requests failed (2 with A: a)"
     )
+
+
+# -- resolution: the plan and the slope interval --------------------------------------------------------
+
+
+def test_image_shape_puts_the_long_edge_on_the_longer_side() -> None:
+    assert image_shape(2048, "16:9") == (2048, 1152) and image_shape(2048, "9:16") == (1152, 2048)
+    assert image_shape(256, "1:1") == (256, 256) and image_shape(256, "4:3") == (256, 192)
+    for bad in ((256, "0:1"), (0, "1:1"), (256, "x:1")):
+        try:
+            image_shape(*bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {bad}")
+
+
+def test_resolution_plan_interleaves_every_shape_and_kind_each_round() -> None:
+    opts = Options(n=3, warmup=1, seed=5, sizes=(64, 96), aspects=("1:1", "16:9"))
+    shapes = opts.resolution_shapes()
+    assert [(w, h) for w, h, _ in shapes] == [(64, 36), (64, 64), (96, 54), (96, 96)]  # by pixels
+    plan = ex.resolution(opts)
+    warm, measured = [p for p in plan if p.warmup], [p for p in plan if not p.warmup]
+    assert [p.extra["kind"] for p in warm] == ["repeated"] * 4 + ["new"]
+    repeated_url = {(p.extra["width"], p.extra["height"]): p.messages for p in warm if p.extra["kind"] == "repeated"}
+    rounds = [[p for p in measured if p.round == r] for r in range(3)]
+    cells = {(w, h, k) for w, h, _ in shapes for k in ("new", "repeated")}
+    for r in rounds:
+        assert {(p.extra["width"], p.extra["height"], p.extra["kind"]) for p in r} == cells and len(r) == 8
+    assert len({tuple(p.variant for p in r) for r in rounds}) > 1  # shuffled per round
+    new_urls = [p.messages[0]["content"][0]["image_url"]["url"] for p in measured if p.extra["kind"] == "new"]
+    assert len(set(new_urls)) == len(new_urls) == 12
+    for p in measured:
+        url = p.messages[0]["content"][0]["image_url"]["url"]
+        assert p.extra["image_bytes"] == len(base64.b64decode(url.split(",", 1)[1]))
+        assert p.group == f"{p.extra['width']}x{p.extra['height']}" and p.variant == f"{p.group} {p.extra['kind']}"
+        if p.extra["kind"] == "repeated":
+            assert p.messages == repeated_url[(p.extra["width"], p.extra["height"])]
+    index = {p.variant: p.variant_index for p in measured}  # the tables list shapes by pixels, new first
+    assert sorted(index, key=index.get) == [f"{w}x{h} {k}" for w, h, _ in shapes for k in ("new", "repeated")]
+
+
+def test_bootstrap_slope_interval() -> None:
+    rng = np.random.default_rng(3)
+    x = np.repeat([0.1, 0.5, 1.0, 2.0, 4.0], 6)
+    lo, hi = bootstrap_slope_ci(x, 0.01 + 0.02 * x + rng.normal(0, 0.005, x.size))
+    assert 0 < lo < 0.02 < hi
+    lo, hi = bootstrap_slope_ci(x, 0.05 + rng.normal(0, 0.005, x.size))
+    assert lo < 0 < hi
+    assert all(v != v for v in bootstrap_slope_ci([1.0] * 5, [1.0, 2.0, 3.0, 4.0, 5.0]))  # one x: no slope

@@ -24,6 +24,7 @@ def test_defaults_are_the_contracts(monkeypatch):
         "SGLANG_MMTRACE_JSONL": "unset",
         "SGLANG_MMTRACE_OTLP_ENDPOINT": "unset",
         "SGLANG_MMTRACE_OTLP_PROTOCOL": "http/protobuf",
+        "SGLANG_MMTRACE_OTLP_METRICS": "0",  # an addition of this repository
         "SGLANG_MMTRACE_SAMPLE": "1.0",
         "SGLANG_MMTRACE_METRICS": "1",
         "SGLANG_MMTRACE_METRICS_PORT": "9464",

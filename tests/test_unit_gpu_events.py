@@ -740,7 +740,7 @@ def test_batch_gpu_stages_are_cuda_timed_and_reported_on_each_request(
             assert attrs["batch_size"] == 3, stage
     vit = outbox.one("model.vision_encoder")
     assert vit[0] == ("A", "B")
-    assert vit[5] == {"batch_size": 3, "images": 2, "embedding_cache": "miss", "skipped": False}
+    assert vit[5] == {"batch_size": 3, "images": 2, "requests": 2, "embedding_cache": "miss", "skipped": False}
     embeds = sorted(e for e in outbox.sent if e[1] == "model.embed")
     assert [e[0] for e in embeds] == ["A", "B"] and all(e[5]["embedding_cache"] == "miss" for e in embeds)
     prefill, sample = outbox.one("model.prefill"), outbox.one("model.sample")

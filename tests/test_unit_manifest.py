@@ -59,7 +59,8 @@ def test_every_contract_stage_has_a_target_on_the_primary_version():
 
 def test_unknown_version_falls_back_to_nearest_older_manifest():
     assert load("0.5.99").version == "0.5.23" and not load("0.5.99").exact
-    assert load("0.5.20").version == "0.5.17"
+    assert load("0.5.20").version == "0.5.20" and load("0.5.20").exact
+    assert load("0.5.20.post1").version == "0.5.20" and not load("0.5.20.post1").exact
 
 
 def test_catalogue_matches_contract_stage_table():

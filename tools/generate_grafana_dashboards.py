@@ -75,6 +75,10 @@ def rate(metric: str, sel: str = SEL, extra: str = "") -> str:
     return f"rate({PREFIX}{metric}{{{labels}}}[{RANGE}])"
 
 
+def gauge(metric: str) -> str:
+    return f"{PREFIX}{metric}{{{SEL_INSTANCE}}}"
+
+
 def quantile(q: float, metric: str, by: str = "", sel: str = SEL, extra: str = "") -> str:
     group = f"le, {by}" if by else "le"
     return f"histogram_quantile({q}, sum by ({group}) ({rate(metric + '_bucket', sel, extra)}))"
@@ -386,6 +390,59 @@ def dashboard() -> dict[str, Any]:
                 (quantile(0.95, "visual_tokens"), "p95 per image"),
             ],
             "Visual tokens an image turns into (after placeholder expansion): drives encoder and prefill time.",
+            unit="none",
+        )
+    )
+
+    lay.row("Occupancy: what the caches and the feature transport hold")
+    lay.add(
+        panel(
+            "Cache bytes used / capacity",
+            [
+                (
+                    f"sum by (cache) ({gauge('cache_used_bytes')}) / sum by (cache) ({gauge('cache_capacity_bytes')})",
+                    "{{cache}}",
+                )
+            ],
+            "How full the multimodal embedding cache (schedulers) and the preprocessing cache (API process) "
+            "are. A full cache evicts: hit ratios fall when the working set outgrows it.",
+            unit="percentunit",
+        )
+    )
+    lay.add(
+        panel(
+            "Cache entries and evictions/s",
+            [
+                (f"sum by (cache) ({gauge('cache_entries')})", "{{cache}} entries"),
+                (f"sum by (cache) ({rate('cache_evictions_total', SEL_INSTANCE)})", "{{cache}} evictions/s"),
+            ],
+            "Entries each cache holds, and how fast it evicts them to make room.",
+            unit="none",
+        )
+    )
+    lay.add(
+        panel(
+            "Feature transport: bytes in flight",
+            [
+                (f"sum ({gauge('shm_bytes')})", "shared memory (cpu transport)"),
+                (f"sum ({gauge('cuda_ipc_pool_used_bytes')})", "cuda_ipc pool in use"),
+                (f"sum ({gauge('cuda_ipc_pool_reserved_bytes')})", "cuda_ipc pool reserved"),
+            ],
+            "Image features handed to the scheduler and not yet taken: shared-memory segments (cpu "
+            "transport), and the slices of the GPU buffer the cuda_ipc transport reserves (GPU memory the "
+            "scheduler cannot use).",
+            unit="bytes",
+        )
+    )
+    lay.add(
+        panel(
+            "Shared-memory segments in flight; cuda_ipc fallbacks/s",
+            [
+                (f"sum ({gauge('shm_segments')})", "shared-memory segments"),
+                (f"sum ({rate('cuda_ipc_pool_fallbacks_total', SEL_INSTANCE)})", "cuda_ipc fallbacks/s"),
+            ],
+            "Segments of the cpu transport waiting for a scheduler; features that found no room in the "
+            "cuda_ipc pool and went by CPU instead.",
             unit="none",
         )
     )

@@ -3,6 +3,7 @@
     python3 benchmarks/gpu/overhead_017.py --out OUTDIR --deadline EPOCH_S [--model DIR]
         [--server-flags "$SGLANG_GPU_FLAGS"] [--n 200] [--ablation-rounds 60] [--concurrency 64]
         [--segment-s 15] [--segments 3] [--gap-ms 60] [--crossover-rounds 30] [--launches 2]
+        [--crossover-runs ab,aa]
 
 Uses whatever ``sglang_mmtrace`` is on PYTHONPATH (the installed wheel, whose dist-info registers
 the plugin's entry point) and prints its commit (``$MMTRACE_COMMIT``) and location. Everything goes
@@ -153,6 +154,11 @@ def main() -> int:
     ap.add_argument("--segments", type=int, default=3, help="throughput segments per arm")
     ap.add_argument("--crossover-rounds", type=int, default=30, help="rounds per launch")
     ap.add_argument("--launches", type=int, default=2, help="crossover launches per orientation")
+    ap.add_argument(
+        "--crossover-runs",
+        default="ab,aa",
+        help="ab (plugin on vs off), aa (the A/A control, both off), or both: one device call may hold only one",
+    )
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument(
         "--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)} (in that order)"
@@ -185,7 +191,8 @@ def main() -> int:
     )
     opts = Options(
         n=args.n, warmup=2, seed=args.seed, concurrency=(args.concurrency,), segment_s=args.segment_s,
-        segments=args.segments, launches=args.launches, timeout=120.0, deadline=deadline - 30, gap_s=args.gap_ms / 1000,
+        segments=args.segments, launches=args.launches, ab="ab" in args.crossover_runs.split(","),
+        aa="aa" in args.crossover_runs.split(","), timeout=120.0, deadline=deadline - 30, gap_s=args.gap_ms / 1000,
     )  # fmt: skip
     if args.ablation_groups:
         opts.ablation_parts = tuple(args.ablation_groups.split(","))

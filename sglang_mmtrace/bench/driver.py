@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..report.scaling import format_resolution, resolution_summary
+from ..report.tail import format_tail, tail_summary
 from . import ablation as abl
 from . import experiments as ex
 from . import overhead as oh
@@ -52,12 +54,20 @@ class Outcome:
     results: dict[str, Any] = field(default_factory=dict)  # experiment -> its summary (overhead, ablation, ...)
 
 
+ANALYSES: dict[str, tuple[Callable[[list[dict[str, Any]]], Any], Callable[[Any], list[str]]]] = {
+    "resolution": (resolution_summary, format_resolution),
+    "concurrency": (tail_summary, format_tail),
+}
+"""Per-target experiments whose lines get an analysis: (summary of the lines, its text lines)."""
+
+
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 def run_per_target(target: Target, names: list[str], st: Settings, out: Outcome) -> None:
-    """new-vs-repeat, order, concurrency and the switch experiments against one server (url or launched)."""
+    """new-vs-repeat, order, resolution, concurrency and the switch experiments against one server (url
+    or launched); resolution and concurrency leave their analyses in ``out.results`` and the notes."""
     opts = st.opts
     for name in names:
         if name in ex.SWITCHED:
@@ -69,14 +79,25 @@ def run_per_target(target: Target, names: list[str], st: Settings, out: Outcome)
             sent = run_sequential(target, ex.new_vs_repeat(opts), opts, name)
         elif name == "order":
             sent = run_sequential(target, ex.order(opts), opts, name)
+        elif name == "resolution":
+            log(
+                f"resolution: encoding the images of {len(opts.resolution_shapes())} shapes x {opts.n_for(name)} rounds"
+            )
+            sent = run_sequential(target, ex.resolution(opts), opts, name)
         elif name == "concurrency":
             warm, levels = ex.concurrency_levels(opts)
             sent = run_sequential(target, warm, opts, "concurrency warm-up")
             for c, plan in levels:
                 wait_idle()
                 sent += run_concurrent(target, plan, c, opts, f"concurrency {c}")
-        out.lines += to_lines(sent, tail, target.label, timeout=st.records_timeout)
+        lines = to_lines(sent, tail, target.label, timeout=st.records_timeout)
+        out.lines += lines
         log(f"{name} on '{target.label}': {sum(1 for p, _ in sent if not p.warmup)} requests")
+        if name in ANALYSES:
+            analyse, describe = ANALYSES[name]
+            result = analyse(lines)
+            out.results[_result_key(out, name, target)] = result
+            out.notes += describe(result)
 
 
 def _result_key(out: Outcome, name: str, target: Target) -> str:
@@ -184,9 +205,8 @@ def run_crossover(st: Settings, out: Outcome, after_launch: Callable[[Outcome], 
     lines: list[dict[str, Any]] = []
     launches: list[dict[str, Any]] = []
     longest = 0.0
-    schedule = [
-        (r, c, j) for r, c in (("ab", False), ("aa", True)) if opts.aa or not c for j in range(2 * opts.launches)
-    ]
+    runs = [run for run, wanted in (("ab", opts.ab), ("aa", opts.aa)) if wanted]
+    schedule = [(r, r == "aa", j) for r in runs for j in range(2 * opts.launches)]
     for run_name, control, j in schedule:
         orientation = oh.ORIENTATIONS[j % 2]
         if opts.deadline is not None and time.time() + 1.1 * longest > opts.deadline:

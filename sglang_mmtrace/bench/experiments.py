@@ -32,13 +32,17 @@ STEMS = (
 # turn); the switch experiments among them flip the plugin's runtime switch of that one instance.
 # The rest launch their own server configurations.
 SWITCHED = ("overhead", "ablation", "throughput")
-PER_TARGET = ("new-vs-repeat", "order", "concurrency", *SWITCHED)
+PER_TARGET = ("new-vs-repeat", "order", "resolution", "concurrency", *SWITCHED)
 LAUNCHED = ("caches", "transport", "overhead-crossover")
 ALL = (*PER_TARGET, *LAUNCHED)
 CONCURRENCY_DEFAULT = (1, 4, 16, 64)
 THROUGHPUT_CLIENTS = 64
 # Rounds (pairs per kind, rounds per level, rounds per launch) when --n is not given.
-DEFAULT_N = {"overhead": 200, "ablation": 60, "overhead-crossover": 50}
+DEFAULT_N = {"overhead": 200, "ablation": 60, "overhead-crossover": 50, "resolution": 10}
+# resolution: the images' long edges (px) and aspect ratios (width:height) when not given.
+RESOLUTION_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
+RESOLUTION_ASPECTS = ("1:1", "16:9", "9:16")
+RESOLUTION_KINDS = ("new", "repeated")
 # The overhead experiments' images: 640x480 JPEG (the others: --size, 512x512 PNG).
 OVERHEAD_SIZE = (640, 480)
 
@@ -54,6 +58,8 @@ class Options:
     max_tokens: int | None = None
     seed: int = 0
     concurrency: tuple[int, ...] | None = None
+    sizes: tuple[int, ...] | None = None  # resolution: long edges in px
+    aspects: tuple[str, ...] | None = None  # resolution: "W:H" ratios
     timeout: float = 120.0
     segment_s: float = 25.0  # throughput: seconds per segment
     segments: int = 3  # throughput: segments per arm
@@ -61,7 +67,8 @@ class Options:
     gap_s: float = 0.1  # overhead / ablation: idle gap between a response's end and the next request
     keep_records: bool = False  # overhead / ablation: after a request with records on, wait until its record is built
     ablation_parts: tuple[str, ...] = PARTS  # ablation levels in order; "a+b" adds a group of parts at one level
-    launches: int = 2  # overhead-crossover: launches per orientation (A/B, and A/A unless aa is False)
+    launches: int = 2  # overhead-crossover: launches per orientation (A/B unless ab is False, A/A unless aa is)
+    ab: bool = True  # overhead-crossover: the A/B launches (one server SGLANG_MMTRACE=1, one =0)
     aa: bool = True  # overhead-crossover: also the A/A control (both servers SGLANG_MMTRACE=0)
     deadline: float | None = None  # wall-clock epoch seconds: stop sending new requests after it
 
@@ -84,6 +91,15 @@ class Options:
 
     def concurrency_levels(self) -> tuple[int, ...]:
         return self.concurrency or CONCURRENCY_DEFAULT
+
+    def resolution_shapes(self) -> list[tuple[int, int, str]]:
+        """(width, height, aspect) per long edge and aspect ratio, in order of pixels."""
+        shapes = {
+            image_shape(edge, aspect) + (aspect,)
+            for edge in self.sizes or RESOLUTION_SIZES
+            for aspect in self.aspects or RESOLUTION_ASPECTS
+        }
+        return sorted(shapes, key=lambda s: (s[0] * s[1], s[0]))
 
     def throughput_clients(self) -> int:
         """``--concurrency`` if given (its largest value), else 64."""
@@ -111,10 +127,25 @@ class Images:
         self.opts, self.tag, self.i = opts, tag, 0
 
     def new(self) -> str:
-        self.i += 1
         w, h = self.opts.size or (512, 512)
+        return data_url(self.encoded(w, h))
+
+    def encoded(self, width: int, height: int) -> bytes:
+        """The next distinct image of this stream at this size, PNG-encoded."""
+        self.i += 1
         seed = (self.opts.seed * 7919 + zlib.crc32(self.tag.encode()) % 100_003 + self.i) & 0x7FFFFFFF
-        return data_url(make_image(w, h, seed, label=f"{self.opts.nonce} {self.tag} {self.i}"))
+        return make_image(width, height, seed, label=f"{self.opts.nonce} {self.tag} {self.i}")
+
+
+def image_shape(long_edge: int, aspect: str) -> tuple[int, int]:
+    """``aspect`` "W:H" at ``long_edge`` px on its longer side (the shorter side rounded, at least 1 px)."""
+    w, _, h = aspect.partition(":")
+    rw, rh = float(w), float(h or w)
+    if rw <= 0 or rh <= 0 or long_edge <= 0:
+        raise ValueError(f"bad image shape: long edge {long_edge}, aspect {aspect!r}")
+    if rw >= rh:
+        return long_edge, max(1, round(long_edge * rh / rw))
+    return max(1, round(long_edge * rw / rh)), long_edge
 
 
 def question(rng: random.Random, i: int) -> str:
@@ -160,6 +191,40 @@ def order(opts: Options) -> list[Planned]:
         ]
         rng.shuffle(pair)
         plan += pair
+    return plan
+
+
+def resolution(opts: Options) -> list[Planned]:
+    """Per image shape (long edge x aspect ratio): a new image and one repeated image (same question,
+    image first), every round all shapes and both kinds in a shuffled order, so that the machine's
+    drift falls on every size alike. The warm-up sends each repeated image once (the repeats then
+    find it cached) and ``warmup`` new images of the smallest shape. ``extra`` carries the shape
+    and the encoded image's bytes, so the sizes are known without the server's records."""
+    rng = random.Random(opts.seed + 4)
+    exp = "resolution"
+    imgs = Images(opts, "res")
+
+    def image(w: int, h: int) -> tuple[str, int]:
+        data = imgs.encoded(w, h)
+        return data_url(data), len(data)
+
+    shapes = opts.resolution_shapes()
+    repeated = {(w, h): image(w, h) for w, h, _ in shapes}
+
+    def req(w: int, h: int, aspect: str, kind: str, r: int, warm: bool = False) -> Planned:
+        url, size = repeated[(w, h)] if kind == "repeated" else image(w, h)
+        extra = {"width": w, "height": h, "aspect": aspect, "kind": kind, "image_bytes": size}
+        i = order[(w, h)] * len(RESOLUTION_KINDS) + RESOLUTION_KINDS.index(kind)  # tables list by pixels
+        return Planned(exp, f"{w}x{h} {kind}", i, f"{w}x{h}", [image_message(QUESTION, [url])], r, warm, extra)
+
+    order = {(w, h): i for i, (w, h, _) in enumerate(shapes)}
+    w0, h0, a0 = shapes[0]
+    plan = [req(w, h, a, "repeated", -1, True) for w, h, a in shapes]
+    plan += [req(w0, h0, a0, "new", -1, True) for _ in range(opts.warmup)]
+    for r in range(opts.n_for(exp)):
+        cells = [(w, h, a, kind) for w, h, a in shapes for kind in RESOLUTION_KINDS]
+        rng.shuffle(cells)
+        plan += [req(w, h, a, kind, r) for w, h, a, kind in cells]
     return plan
 
 

@@ -34,6 +34,25 @@ def bootstrap_median_ci(xs: Any, n_boot: int = N_BOOT, alpha: float = 0.05, seed
     return bootstrap_quantile_ci(xs, 0.5, n_boot=n_boot, alpha=alpha, seed=seed)
 
 
+def bootstrap_slope_ci(
+    xs: Sequence[float], ys: Sequence[float], n_boot: int = N_BOOT, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the least-squares slope of ``ys`` on ``xs`` (the pairs
+    resampled together). Resamples whose x values are all equal have no slope and are left out;
+    NaN bounds for fewer than 3 pairs or fewer than two distinct x values."""
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if x.size < 3 or x.size != y.size or np.ptp(x) == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.size, size=(n_boot, x.size))
+    bx, by = x[idx], y[idx]
+    dx = bx - bx.mean(axis=1, keepdims=True)
+    sxx = (dx * dx).sum(axis=1)
+    keep = sxx > 0
+    slopes = (dx * (by - by.mean(axis=1, keepdims=True))).sum(axis=1)[keep] / sxx[keep]
+    return float(np.quantile(slopes, alpha / 2)), float(np.quantile(slopes, 1 - alpha / 2))
+
+
 def bootstrap_median_diff_ci(
     a: Sequence[float], b: Sequence[float], n_boot: int = N_BOOT, alpha: float = 0.05, seed: int = 0
 ) -> tuple[float, float]:

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from ..report.analysis import format_ms as _ms
 from ..report.analysis import quantile, summarize
 from ..stages import ROOT, STAGES
 from .stats import bootstrap_quantile_ci
@@ -29,10 +30,6 @@ def encoder_ran(rec: dict[str, Any]) -> bool:
     return any(
         s["name"] == "model.vision_encoder" and not (s.get("attrs") or {}).get("skipped") for s in rec.get("stages", ())
     )
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None or x != x else f"{x * 1e3:.1f}"
 
 
 def variant_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:

@@ -25,7 +25,13 @@ from typing import Any
 
 from ..bench import ALL
 from ..bench.client import host_port
-from ..bench.experiments import CONCURRENCY_DEFAULT, THROUGHPUT_CLIENTS, Options
+from ..bench.experiments import (
+    CONCURRENCY_DEFAULT,
+    RESOLUTION_ASPECTS,
+    RESOLUTION_SIZES,
+    THROUGHPUT_CLIENTS,
+    Options,
+)
 from ..bench.switchctl import SwitchError
 
 
@@ -48,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--n",
         type=int,
         default=None,
-        help="measured requests (rounds) per variant; default 20, overhead 200 pairs per kind, ablation 60 rounds, "
+        help="measured requests (rounds) per variant; default 20, resolution 10 rounds, overhead 200 pairs per kind, "
+        "ablation 60 rounds, "
         "overhead-crossover 50 rounds per launch",
     )
     p.add_argument("--questions", type=int, default=100, help="order: number of questions (default 100)")
@@ -58,6 +65,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"concurrency: comma-separated client counts (default {','.join(map(str, CONCURRENCY_DEFAULT))}); "
         f"throughput: the clients (the largest value given; default {THROUGHPUT_CLIENTS})",
+    )
+    p.add_argument(
+        "--sizes",
+        default=None,
+        metavar="PX,PX,...",
+        help=f"resolution: the images' long edges (default {','.join(map(str, RESOLUTION_SIZES))})",
+    )
+    p.add_argument(
+        "--aspects",
+        default=None,
+        metavar="W:H,...",
+        help=f"resolution: aspect ratios, each at every size (default {','.join(RESOLUTION_ASPECTS)})",
     )
     p.add_argument(
         "--warmup",
@@ -146,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         seed=seed,
         concurrency=tuple(int(c) for c in args.concurrency.split(",") if c.strip()) if args.concurrency else None,
+        sizes=tuple(int(c) for c in args.sizes.split(",") if c.strip()) if args.sizes else None,
+        aspects=tuple(a.strip() for a in args.aspects.split(",") if a.strip()) if args.aspects else None,
         timeout=args.timeout,
         segment_s=args.segment_s,
         segments=args.segments,

@@ -1,5 +1,11 @@
 """``sglang-mmtrace doctor``: what would be hooked on this SGLang, where the data would go, and what would not work.
 
+The targets are checked in the installed SGLang's source, without importing it, by the check CI runs
+on every supported release (``manifest_check``: each target resolves, its kind matches, the arguments
+its hook reads are in its signature), so a user of a release without a manifest of its own learns
+which stages are lost before serving. ``--matrix`` prints that check for every supported release
+(from their wheels) as the README's support matrix.
+
 Exits non-zero, with one line per reason at the end, when a required target of a supported version
 is missing or a configured exporter could not deliver: the OTLP exporter for the configured
 protocol does not load, or its endpoint does not accept a connection. Starts no server.
@@ -11,15 +17,15 @@ import os
 import re
 import socket
 import sys
-import warnings
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from .. import config
 from ..environment_variables import VARIABLES, Variable
 from ..join.collector import JOINED_STAGES
 from ..manifest import load
+from ..manifest_check import MATRIX_BEGIN, check, installed_source, matrix, render_readme, stage_states
 from ..package import SUPPORTED_VERSIONS, _instruments, in_supported_range, sglang_version
-from ..plugin import check
 from ..sinks import nvtx
 from ..stages import STAGES
 
@@ -32,16 +38,14 @@ GAP_STAGES = {
 """Stages a hook measures as the gap between two points rather than as the wrapped call itself."""
 
 
-def run() -> int:
-    # Resolving the targets imports SGLang, which warns at import time about what this machine lacks
-    # (no CUDA, no Triton): noise here, and not what the doctor checks.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning)
-        version = sglang_version()
-        if version is None:
-            print("SGLang: not installed")
-            return 1
-        missing = _targets(version)
+def run(show_matrix: bool = False, readme: str | None = None) -> int:
+    if show_matrix or readme:
+        return _matrix(readme)
+    version = sglang_version()
+    if version is None:
+        print("SGLang: not installed")
+        return 1
+    missing = _targets(version)
     cfg = config.get()
     problems = _sinks(cfg)
     _configuration()
@@ -61,12 +65,17 @@ def _targets(version: str) -> int:
     print(f"supported range: {_instruments[0]} ({'inside' if inside else 'OUTSIDE: untested, hooks may not resolve'})")
     if manifest.override:
         print(f"manifest: {manifest.override} (SGLANG_MMTRACE_MANIFEST)")
+    source = installed_source(version)
+    if source is None:
+        print("SGLang's source files: not found")
+        return len(manifest.hooks)
     missing = 0
     by_stage: dict[str, list[str]] = {name: [] for name in STAGES}
-    for entry in manifest.hooks:
-        _, why = check(entry)
-        status = "resolved" if why is None else f"MISSING: {why}"
-        if why is not None and entry.required:
+    results = check(manifest, source)
+    for result in results:
+        entry = result.entry
+        status = "resolved" if result.ok else f"MISSING: {result.why}"
+        if not result.ok and entry.required:
             missing += 1
         for stage in entry.stages:
             by_stage.setdefault(stage, []).append(f"-> {entry.target} [{entry.process}, {entry.kind}] {status}")
@@ -76,9 +85,27 @@ def _targets(version: str) -> int:
             lines = [f"joined in the collector from {_joined_ends(stage)} (no hook of its own)"]
         elif stage in GAP_STAGES:
             lines.append(f"measured as {GAP_STAGES[stage]}")
-        for line in lines or [f"not measured on SGLang {version}: its manifest names no target for this stage"]:
+        why = manifest.absent.get(stage, "its manifest names no target for this stage")
+        for line in lines or [f"not measured on SGLang {version}: {why}"]:
             print(f"    {line}")
+    lost = [s for s, (state, _) in stage_states(manifest, results).items() if state in ("lost", "partial")]
+    print(f"stages lost on this SGLang: {', '.join(lost) or 'none'}")
     return missing
+
+
+def _matrix(readme: str | None) -> int:
+    """Print the support matrix (each supported release's manifest against its wheel); with ``readme``,
+    also write it into that file between its markers."""
+    table = matrix(SUPPORTED_VERSIONS)
+    print(table)
+    if readme:
+        path = Path(readme)
+        text = path.read_text(encoding="utf-8")
+        if MATRIX_BEGIN not in text:
+            print(f"doctor: {readme} has no support-matrix markers", file=sys.stderr)
+            return 1
+        path.write_text(render_readme(text, table), encoding="utf-8")
+    return 0
 
 
 def _joined_ends(stage: str) -> str:
@@ -172,7 +199,7 @@ def _nvtx_state(cfg: config.Config) -> str:
 def _gpu_timing_state(cfg: config.Config) -> str:
     if not cfg.gpu_timing:
         return "off (SGLANG_MMTRACE_GPU_TIMING=0)"
-    import torch  # SGLang's own dependency, imported already by the target checks
+    import torch  # SGLang's own dependency
 
     if torch.cuda.is_available():
         return "on; CUDA available here: GPU stages are timed with CUDA events"

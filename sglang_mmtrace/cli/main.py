@@ -23,7 +23,11 @@ def main(argv: list[str] | None = None) -> int:
 
     run = sub.add_parser("run", help="run -- python -m sglang.launch_server ...: the plugin in every server process")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the server's command line, after --")
-    sub.add_parser("doctor", help="SGLang version, stage -> target -> resolved?, live sinks")
+    doctor = sub.add_parser("doctor", help="SGLang version, stage -> target -> resolved?, live sinks")
+    doctor.add_argument(
+        "--matrix", action="store_true", help="every supported release x stage, checked in its wheel (downloads)"
+    )
+    doctor.add_argument("--readme", default=None, help="with --matrix: write the table into this README")
 
     demo = sub.add_parser("demo", help="real SGLang on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed")
     demo.add_argument("--serve-only", action="store_true", help="leave the server running until interrupted")
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "doctor":
         from .doctor import run
 
-        return run()
+        return run(args.matrix, args.readme)
     if args.cmd == "demo":
         from .demo import run
 

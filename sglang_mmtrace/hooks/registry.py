@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .api import (
+    cuda_ipc_pool,
     detokenizer_legacy,
     engine,
     http_server,
@@ -16,6 +17,7 @@ from .base import HookSpec
 from .detokenizer import detokenizer
 from .scheduler import (
     batch_result,
+    embedding_cache,
     mm_embedding,
     mm_embedding_legacy,
     model_runner,
@@ -31,6 +33,11 @@ MODULE_OF: dict[str, str] = {}
 PROCESS_OF: dict[str, str] = {}
 """hook id -> the subpackage of its module (``api``, ``scheduler``, ``detokenizer``): the SGLang process it
 is applied in, which is the manifest's ``process``."""
+READS_OF: dict[str, tuple[tuple[int | None, str | None], ...]] = {}
+"""hook id -> the target's arguments its hook reads, as (position after self/cls, name); None where it
+reads only by name or only by position. Each hook module declares its own (``READS``);
+``manifest_check`` checks them against every release's signatures, and a test checks them against
+the hook code."""
 for _module in (
     http_server,
     openai_serving,
@@ -38,11 +45,13 @@ for _module in (
     tokenizer_manager,
     mm_processor,
     transport,
+    cuda_ipc_pool,
     scheduler,
     schedule_batch,
     model_runner,
     mm_embedding,
     batch_result,
+    embedding_cache,
     detokenizer,
     # SGLang 0.5.17 (legacy multimodal path, embed_mm_inputs split, detokenizer bootstrap)
     mm_processor_legacy,
@@ -52,5 +61,6 @@ for _module in (
     HOOKS.update(_module.HOOKS)
     _process, _, _name = _module.__name__.rpartition(".hooks.")[2].partition(".")
     MODULE_OF.update(dict.fromkeys(_module.HOOKS, _name))
+    READS_OF.update(_module.READS)
     PROCESS_OF.update(dict.fromkeys(_module.HOOKS, _process))
     PART_OF.update({hook_id: _module.PART if spec.gated else None for hook_id, spec in _module.HOOKS.items()})

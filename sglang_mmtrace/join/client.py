@@ -2,7 +2,9 @@
 
 Nothing here runs a thread in SGLang's API process. ``finish_http`` runs on the event loop once a
 response is complete: it pickles the exchange's traces (as plain tuples, ``context.to_wire``) and
-copies them into a non-blocking ZMQ socket (a full queue drops and counts them, it never waits). The admin calls (``/mmtrace/state``,
+copies them into a non-blocking ZMQ socket (a full queue drops and counts them, it never waits). A timer
+of the same loop sends the occupancy of the process's caches once a second when it changed
+(``occupancy.api_sample``). The admin calls (``/mmtrace/state``,
 ``/mmtrace/enabled``, starting the metrics) are request/reply round trips to the collector, run on
 the default executor so the event loop does not wait on them.
 """
@@ -29,6 +31,7 @@ FLIP_WAIT_S = 8.0
 """Longer than the collector's own wait for confirmations (5 s), so its answer always arrives."""
 
 _ship = switch.gate("ship")
+_metrics = switch.gate("prometheus")
 
 
 class CollectorClient:
@@ -61,6 +64,9 @@ class CollectorClient:
         self._pid = os.getpid()
         self._last_health = 0.0
         self.metrics_started = False
+        self._tokenizer_manager: Any = None  # whose caches the occupancy timer reads (set with the metrics)
+        self._occupancy_timer: asyncio.TimerHandle | None = None
+        self._occupancy_sent: Any = None
 
     @classmethod
     def attach(cls, address: str, control_address: str, admin_address: str) -> CollectorClient:
@@ -97,24 +103,52 @@ class CollectorClient:
             elif not (http.ship if http is not None else _ship.on):
                 continue
             out.append(trace)
+        if self._tokenizer_manager is not None and self._occupancy_timer is None:
+            self._occupancy_tick()  # the first finished request runs on the serving loop: the timer starts there
         if not out:
             return
-        import zmq
-
         t = time.monotonic()
         health = None
         if t - self._last_health >= HEALTH_EVERY_S:
             self._last_health = t
-            health = {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped)}
+            health = self._health()
+        if not self._send(([to_wire(tr) for tr in out], health)):
+            telemetry.drop("collector", len(out))
+
+    def _health(self) -> dict[str, Any]:
+        return {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped)}
+
+    def _send(self, body: tuple[list[Any], dict[str, Any] | None]) -> bool:
+        """One non-blocking message to the collector; False when its queue is full or the socket closed."""
+        import zmq
+
         with self._lock:
             if self._sock is None:  # closed by uninstall() while this request was in flight
-                telemetry.drop("collector", len(out))
-                return
+                return False
             try:
-                msg = ("api", "api", self._pid, ([to_wire(tr) for tr in out], health))
+                msg = ("api", "api", self._pid, body)
                 self._sock.send(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
             except zmq.Again:
-                telemetry.drop("collector", len(out))
+                return False
+        return True
+
+    def _occupancy_tick(self) -> None:
+        """Every ``occupancy.API_INTERVAL_S`` on the event loop: read this process's caches and pool, and
+        send them (with the health counters) when they changed. A few attribute reads; no thread."""
+        from .. import occupancy
+
+        try:
+            if _metrics.on:
+                sample = occupancy.api_sample(self._tokenizer_manager)
+                if sample != self._occupancy_sent and self._send(([], {**self._health(), "occupancy": sample})):
+                    self._occupancy_sent = sample
+            if self._sock is not None:
+                loop = asyncio.get_running_loop()
+                self._occupancy_timer = loop.call_later(occupancy.API_INTERVAL_S, self._occupancy_tick)
+        except Exception as exc:
+            telemetry.contained("occupancy", exc)
+            if self._occupancy_timer is None:  # never started (no running loop): do not try on every request
+                self._tokenizer_manager = None
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the collector process if this client started it (its sinks and metrics server with it)
@@ -126,6 +160,8 @@ class CollectorClient:
             if self._sock is not None:
                 self._sock.close(0)
                 self._sock = None
+        if self._occupancy_timer is not None:
+            self._occupancy_timer.cancel()
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -161,14 +197,16 @@ class CollectorClient:
         answer = {**switch.snapshot(), "processes": processes, **({"missing": missing} if missing else {})}
         return confirmed, answer
 
-    def start_metrics(self, enable_metrics: bool, port: int) -> None:
+    def start_metrics(self, enable_metrics: bool, port: int, tokenizer_manager: Any = None) -> None:
         """Called once SGLang's server args are known (TokenizerManager built): pick where metrics go.
 
         With ``--enable-metrics`` SGLang has set ``PROMETHEUS_MULTIPROC_DIR`` by now: our metrics join
-        its ``/metrics``. Without it, the collector serves its own registry on ``port``."""
+        its ``/metrics``. Without it, the collector serves its own registry on ``port``. The occupancy
+        of ``tokenizer_manager``'s caches is then sampled on a timer of the serving loop."""
         if self.metrics_started:
             return
         self.metrics_started = True
+        self._tokenizer_manager = tokenizer_manager
         multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR") if enable_metrics else None
         why = self.request(("metrics", multiproc or None, None if multiproc else port))
         if why:

@@ -103,6 +103,7 @@ class Collector:
         self._unix_offset = time.time() - time.perf_counter()
         self._last_health = 0.0
         self.metrics_started = False
+        self.occupancy: dict[str, dict[str, int]] = {}  # every process's occupancy, summed (occupancy.totals)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self.parent_pid: int | None = None
@@ -338,6 +339,8 @@ class Collector:
         except Exception as exc:
             telemetry.contained("record", exc)
             return
+        if self.occupancy:
+            record["occupancy"] = self.occupancy  # as last sampled (``_sync_health``): report's occupancy rows
         self._records += 1
         parent = trace.sglang_traceparent or (trace.http.traceparent if trace.http is not None else None)
         ctx = EmitContext(parent, self._pids(remote, api_pid))
@@ -369,8 +372,11 @@ class Collector:
         return {"collector": own, "api": self._api, **self._peers}
 
     def _sync_health(self) -> None:
+        from .. import occupancy
         from ..sinks.prometheus import health_totals
 
+        samples = self._occupancy() if self.metrics_started else {}  # the processes sample only for the metrics
+        self.occupancy = occupancy.totals(samples)
         totals = None
         for sink in self.sinks:
             sync = getattr(sink, "sync_health", None)
@@ -380,8 +386,23 @@ class Collector:
                     totals = health_totals(sources.pop("collector"), sources)
                 try:
                     sync(totals)
+                    sink.sync_occupancy(samples)
                 except Exception as exc:
                     telemetry.contained(f"sink.{type(sink).__name__}", exc)
+
+    def _occupancy(self) -> dict[int, Any]:
+        """pid -> the latest occupancy sample of that process (``occupancy``): the schedulers' heartbeats,
+        the API process's timer, and the shared-memory segments the API process created (read here)."""
+        from .. import occupancy
+
+        out: dict[int, Any] = {}
+        for key, hb in self._peers.items():
+            if hb.get("occupancy"):
+                out[int(key.partition(":")[2])] = hb["occupancy"]
+        api_pid = self.api_pid or self.parent_pid
+        if api_pid is not None:
+            out[api_pid] = {**(self._api.get("occupancy") or {}), **occupancy.shm_sample(api_pid)}
+        return out
 
     # -- introspection (tests, doctor) ---------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -550,6 +571,10 @@ def _sinks(cfg: Config) -> list[Sink]:
             from ..sinks.otlp import OtlpSink
 
             sinks.append(OtlpSink(cfg.otlp_endpoint, cfg.otlp_protocol, cfg.sample))
+            if cfg.otlp_metrics:
+                from ..sinks.genai import GenAiOtlpMetrics
+
+                sinks.append(GenAiOtlpMetrics(cfg.otlp_endpoint, cfg.otlp_protocol))
         except Exception as exc:  # a broken install of the opentelemetry packages (they are dependencies)
             telemetry.warn("OTLP export disabled: %r", exc)
     if cfg.jsonl_path:

@@ -246,12 +246,70 @@ def quantile(values: Iterable[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def format_ms(seconds: float | None, digits: int = 1) -> str:
+    """Seconds as milliseconds for the text tables; ``-`` for None or NaN (nothing measured)."""
+    return "-" if seconds is None or seconds != seconds else f"{seconds * 1e3:.{digits}f}"
+
+
+OCCUPANCY_PARTS: dict[str, str] = {
+    "embedding": "embedding cache",
+    "preprocess": "preprocess cache",
+    "cuda_ipc_pool": "cuda_ipc pool",
+    "shm": "shm in flight",
+}
+
+
+def occupancy_summary(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per part of the records' ``occupancy`` (the collector's latest sample when each was built, in
+    record order): the last value and the maximum of each figure, and the evictions and fallbacks
+    counted between the first and the last record."""
+    seen: dict[str, list[dict[str, int]]] = defaultdict(list)
+    for rec in records:
+        for part, fields in (rec.get("occupancy") or {}).items():
+            if part in OCCUPANCY_PARTS and isinstance(fields, dict):
+                seen[part].append(fields)
+    out: dict[str, dict[str, int]] = {}
+    for part, samples in seen.items():
+        last = samples[-1]
+        row: dict[str, int] = {}
+        for key, value in last.items():
+            if key in ("evictions", "fallbacks"):
+                row[key] = value - samples[0].get(key, 0)
+            else:
+                row[key] = value
+                row["max_" + key] = max(s.get(key, 0) for s in samples)
+        out[part] = row
+    return out
+
+
+def format_occupancy(occupancy: dict[str, dict[str, int]]) -> list[str]:
+    """One line per part: bytes used (of capacity or reserved), entries or segments, evictions or fallbacks."""
+    mib = 1024 * 1024
+    lines = []
+    for part, label in OCCUPANCY_PARTS.items():
+        row = occupancy.get(part)
+        if row is None:
+            continue
+        bits = [f"{row.get('used_bytes', 0) / mib:.1f} MiB used (max {row.get('max_used_bytes', 0) / mib:.1f})"]
+        for key, name in (("capacity_bytes", "capacity"), ("reserved_bytes", "reserved")):
+            if key in row:
+                bits[0] += f" of {row[key] / mib:.1f} MiB {name}"
+        for key, name in (("entries", "entries"), ("segments", "segments")):
+            if key in row:
+                bits.append(f"{row[key]} {name} (max {row['max_' + key]})")
+        for key, name in (("evictions", "evictions"), ("fallbacks", "fallbacks to CPU")):
+            if key in row:
+                bits.append(f"{row[key]} {name}")
+        lines.append(f"   {label + ':':<18}" + ", ".join(bits))
+    return lines
+
+
 def summarize(
     records: Iterable[dict[str, Any]], group: Callable[[dict[str, Any]], str] = request_kind
 ) -> dict[str, dict[str, Any]]:
     """Per group: n, ttft p50/p95, coverage min/median, and per stage p50/p95/share of TTFT.
 
-    Also the unattributed TTFT p50, cache hit ratios, requests not timed (``failed``: errors, aborts and
+    Also the unattributed TTFT p50, cache hit ratios, the caches' and the transport's occupancy, requests not timed (``failed``: errors, aborts and
     bench lines without a plugin record, the latter also counted in ``no_record``) and,
     for bench output, the client-observed TTFT p50/p95.
     """
@@ -283,6 +341,7 @@ def summarize(
             "coverage_p50": statistics.median(covs),
             "unattributed_p50": quantile(unattributed, 0.5),
             "cache": cache_ratios(recs),
+            "occupancy": occupancy_summary(all_recs),
             "stages": {
                 s: {
                     "p50": quantile(v, 0.5),
@@ -318,6 +377,7 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
             lines.append(
                 "   " + format_cache_line(g["cache"]) + f"; unattributed p50 {g['unattributed_p50'] * 1e3:.2f} ms"
             )
+        lines += format_occupancy(g.get("occupancy") or {})
         lines.append(f"   {'stage':<34}{'p50 ms':>10}{'p95 ms':>10}{'share':>8}{'n':>5}")
         for stage, s in g["stages"].items():
             if stage == ROOT:

@@ -22,7 +22,18 @@ from ..stages import DISPLAY_ORDER
 from .analysis import CACHES, format_ratio, group_records, is_ok, report_group
 from .colors import UNATTRIBUTED_COLOR, stage_color
 from .compare import NO_CHANGE, SIDES, compare, format_ci
-from .html import BAR_W, CACHE_LABELS, CSS, LABEL_W, UNATTRIBUTED, _attr, _ms, _swatch, stacked_segments
+from .html import (
+    BAR_W,
+    CACHE_LABELS,
+    CSS,
+    LABEL_W,
+    UNATTRIBUTED,
+    _attr,
+    _ms,
+    _swatch,
+    segment_rects,
+    stacked_segments,
+)
 
 TTFT = "TTFT"
 TTFT_COLOR = "#424242"
@@ -35,16 +46,8 @@ CONTAINS_ROW = f' style="color:{CONTAINS_COLOR}"'
 
 def _stack(side: str, segs: list[tuple[str, float]], scale: float, ttft_p50: float, y: int) -> str:
     """One side's stacked bar at height ``y`` (label, segments, TTFT p50 tick)."""
-    parts = [f'<text x="0" y="{y + 15}">{SIDE_LABELS[side]}</text>']
-    x = 50.0
-    for stage, secs in segs:
-        color = UNATTRIBUTED_COLOR if stage == UNATTRIBUTED else stage_color(stage)
-        parts.append(
-            f'<rect class="seg" data-side="{side}" data-stage="{_attr(stage)}" data-ms="{secs * 1e3:.6f}" '
-            f'x="{x:.3f}" y="{y}" width="{secs * scale:.3f}" height="20" fill="{color}" stroke="#fff" '
-            f'stroke-width="0.5"><title>{SIDE_LABELS[side]} {escape(stage)}: {_ms(secs)}</title></rect>'
-        )
-        x += secs * scale
+    rects, x = segment_rects(segs, scale, 50.0, y, 20, f' data-side="{side}"', f"{SIDE_LABELS[side]} ")
+    parts = [f'<text x="0" y="{y + 15}">{SIDE_LABELS[side]}</text>', *rects]
     tick = 50.0 + ttft_p50 * scale
     parts.append(
         f'<line class="ttft-tick" data-side="{side}" x1="{tick:.3f}" x2="{tick:.3f}" y1="{y - 2}" y2="{y + 22}" '

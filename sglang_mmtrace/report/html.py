@@ -4,6 +4,8 @@ Sections, per group (bench experiment / variant, else request kind):
 - ``breakdown``: a stacked bar of median exclusive stage times (the time a stage was the most
   specific one running, so nested and cross-process overlapping stages do not count twice), in
   catalogue display order, plus the median ``unattributed`` time, against the TTFT p50 tick;
+- ``resolution``, ``concurrency``: for those bench experiments' lines, their charts
+  (:mod:`~sglang_mmtrace.report.experiments_html`);
 - ``waterfalls``: the fastest, median and slowest request, one row per stage of its record, each bar
   at ``start_s`` for ``dur_s``, coloured by the process that measured it;
 - ``cache``: hit ratios of the preprocessing cache, the embedding cache and the image prefix;
@@ -97,18 +99,39 @@ def pick_requests(recs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]
     return out
 
 
-def _breakdown(name: str, recs: list[dict[str, Any]], scale: float, ttft_p50: float) -> str:
-    segs = stacked_segments(recs)
-    x, parts = 0.0, []
+def segment_color(stage: str) -> str:
+    return UNATTRIBUTED_COLOR if stage == UNATTRIBUTED else stage_color(stage)
+
+
+def segment_rects(
+    segs: list[tuple[str, float]],
+    scale: float,
+    x: float,
+    y: float,
+    height: float,
+    data: str = "",
+    title: str = "",
+    color: Callable[[str], str] = segment_color,
+    opacity: Callable[[str], float] | None = None,
+) -> tuple[list[str], float]:
+    """One stacked bar: a ``seg`` rect per (stage, seconds) from ``x`` on, each ``data-stage`` and
+    ``data-ms`` (plus ``data``, extra attributes); returns the rects and where the bar ends.
+    Shared by the report's breakdown, the comparison's sides and the concurrency tail."""
+    parts = []
     for stage, secs in segs:
-        w = secs * scale
-        color = UNATTRIBUTED_COLOR if stage == UNATTRIBUTED else stage_color(stage)
+        w = max(secs * scale, 0.0)
+        fade = f' fill-opacity="{opacity(stage):g}"' if opacity is not None else ""
         parts.append(
-            f'<rect class="seg" data-stage="{_attr(stage)}" data-ms="{secs * 1e3:.6f}" x="{x:.3f}" y="4" '
-            f'width="{max(w, 0.0):.3f}" height="22" fill="{color}" stroke="#fff" stroke-width="0.5">'
-            f"<title>{escape(stage)}: {_ms(secs)}</title></rect>"
+            f'<rect class="seg" data-stage="{_attr(stage)}" data-ms="{secs * 1e3:.6f}"{data} x="{x:.3f}" y="{y}" '
+            f'width="{w:.3f}" height="{height}" fill="{color(stage)}"{fade} stroke="#fff" stroke-width="0.5">'
+            f"<title>{escape(title + stage)}: {_ms(secs)}</title></rect>"
         )
         x += w
+    return parts, x
+
+
+def _breakdown(name: str, recs: list[dict[str, Any]], scale: float, ttft_p50: float) -> str:
+    parts, x = segment_rects(stacked_segments(recs), scale, 0.0, 4, 22)
     tick = ttft_p50 * scale
     parts.append(
         f'<line class="ttft-tick" x1="{tick:.3f}" x2="{tick:.3f}" y1="0" y2="30" stroke="#000" stroke-width="2"/>'
@@ -241,6 +264,8 @@ def render_html(
     stage_tables = "".join(
         f"<details><summary>{escape(n)}</summary>{_stage_table(summary[n])}</details>" for n in timed
     )
+    from .experiments_html import experiment_sections  # it builds on this module's bar helpers
+
     unattributed_total = sum(unattributed_s(r) for recs in timed.values() for r in recs)
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
@@ -257,6 +282,7 @@ generated {now}; total unattributed {_ms(unattributed_total)}</div>
 running, so nested and overlapping stages do not count twice), in catalogue order, then the median unattributed time. The black tick is TTFT p50: for one request the stack
 ends on it; over many, medians of the parts need not add up to the median of the whole.</div>
 <div class="legend">{legend}</div>{breakdown}</section>
+{experiment_sections(records)}
 <section id="cache"><h2>Cache hit ratios</h2>
 <table><tr><th>group</th>{cache_head}</tr>{cache_rows}</table></section>
 <section id="coverage"><h2>Coverage (share of TTFT the stages explain)</h2>

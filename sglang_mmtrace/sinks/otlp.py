@@ -30,7 +30,9 @@ EXPORTER_LOGGERS = (
     "opentelemetry.exporter.otlp.common.http",
     "opentelemetry.exporter.otlp.proto.http._common",
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.sdk.metrics._internal.export",
 )
 
 
@@ -51,7 +53,7 @@ class _FirstOfEachMessage(logging.Filter):
         return True
 
 
-def _quiet_exporter_logs() -> None:
+def quiet_exporter_logs() -> None:
     for name in EXPORTER_LOGGERS:
         log = logging.getLogger(name)
         if not any(isinstance(f, _FirstOfEachMessage) for f in log.filters):
@@ -59,7 +61,7 @@ def _quiet_exporter_logs() -> None:
 
 
 def make_exporter(endpoint: str, protocol: str, timeout_s: float = 5.0) -> Any:
-    _quiet_exporter_logs()
+    quiet_exporter_logs()
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
@@ -67,8 +69,16 @@ def make_exporter(endpoint: str, protocol: str, timeout_s: float = 5.0) -> Any:
         return GrpcExporter(endpoint=target, insecure=True, timeout=timeout_s)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-    url = endpoint if endpoint.rstrip("/").endswith("/v1/traces") else endpoint.rstrip("/") + "/v1/traces"
-    return HttpExporter(endpoint=url, timeout=timeout_s)
+    return HttpExporter(endpoint=otlp_url(endpoint, "traces"), timeout=timeout_s)
+
+
+def otlp_url(endpoint: str, signal: str) -> str:
+    """The OTLP/HTTP URL of ``signal`` (``traces``, ``metrics``): a base endpoint gets ``/v1/<signal>``;
+    an endpoint that names a signal's path already keeps its base and gets this signal's path."""
+    base = endpoint.rstrip("/")
+    for known in ("/v1/traces", "/v1/metrics"):
+        base = base.removesuffix(known)
+    return f"{base}/v1/{signal}"
 
 
 class _BoundedBatchProcessor(SpanProcessor):

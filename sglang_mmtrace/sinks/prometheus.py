@@ -16,6 +16,7 @@ from typing import Any
 from ..join.record import EmitContext
 from ..report.analysis import stage_totals
 from ..stages import STAGES
+from . import genai
 
 PREFIX = "sglang_mmtrace_"
 STAGE_BUCKETS = (
@@ -51,8 +52,39 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "requests_total": ("counter", ("model", "status"), "Finished requests"),
     "errors_total": ("counter", ("component",), "Plugin hook or sink failures that were contained"),
     "dropped_total": ("counter", ("sink",), "Records, spans or events dropped under back-pressure"),
+    "cache_used_bytes": ("gauge", ("cache", "pid"), "Bytes held by the embedding or preprocessing cache"),
+    "cache_capacity_bytes": ("gauge", ("cache", "pid"), "The cache's capacity in bytes"),
+    "cache_entries": ("gauge", ("cache", "pid"), "Entries held by the cache"),
+    "cache_evictions_total": ("counter", ("cache", "pid"), "Entries the cache evicted to make room"),
+    "cuda_ipc_pool_reserved_bytes": ("gauge", ("pid",), "GPU bytes the cuda_ipc feature pool reserves"),
+    "cuda_ipc_pool_used_bytes": ("gauge", ("pid",), "Bytes of the cuda_ipc pool leased to features in flight"),
+    "cuda_ipc_pool_fallbacks_total": ("counter", ("pid",), "Features that found no room in the cuda_ipc pool"),
+    "shm_segments": ("gauge", ("pid",), "Shared-memory feature segments of the cpu transport in flight"),
+    "shm_bytes": ("gauge", ("pid",), "Bytes of the shared-memory feature segments in flight"),
 }
-"""The contract's metric table (name without prefix -> type, labels, help): dashboards read it too."""
+"""The contract's metric table (name without prefix -> type, labels, help): dashboards read it too.
+
+The occupancy metrics (``cache_*``, ``cuda_ipc_pool_*``, ``shm_*``) carry the ``pid`` of the process
+that holds what they measure (a scheduler, or the API process); see ``occupancy``."""
+
+OCCUPANCY: dict[str, dict[str, str]] = {
+    **{
+        cache: {
+            "used_bytes": "cache_used_bytes",
+            "capacity_bytes": "cache_capacity_bytes",
+            "entries": "cache_entries",
+            "evictions": "cache_evictions_total",
+        }
+        for cache in ("embedding", "preprocess")
+    },
+    "cuda_ipc_pool": {
+        "reserved_bytes": "cuda_ipc_pool_reserved_bytes",
+        "used_bytes": "cuda_ipc_pool_used_bytes",
+        "fallbacks": "cuda_ipc_pool_fallbacks_total",
+    },
+    "shm": {"segments": "shm_segments", "used_bytes": "shm_bytes"},
+}
+"""Occupancy sample (``occupancy.Sample``): part -> field -> metric. Counters get the sample's increase."""
 
 
 def prefix_label(rec: dict[str, Any]) -> str:
@@ -69,22 +101,33 @@ class PrometheusSink:
     def __init__(self, registry: Any = None, port: int | None = None) -> None:
         import prometheus_client as pc
 
-        kinds = {"histogram": pc.Histogram, "counter": pc.Counter}
+        kinds = {"histogram": pc.Histogram, "counter": pc.Counter, "gauge": pc.Gauge}
         self.m: dict[str, Any] = {}
+        reg: dict[str, Any] = {"registry": registry} if registry is not None else {}
         for name, (kind, labels, doc) in METRICS.items():
-            kw: dict[str, Any] = {"registry": registry} if registry is not None else {}
+            kw = dict(reg)
             if kind == "histogram":
                 kw["buckets"] = VISUAL_TOKEN_BUCKETS if name == "visual_tokens" else STAGE_BUCKETS
+            elif kind == "gauge":
+                kw["multiprocess_mode"] = "mostrecent"  # only the collector sets them; no pid label added
             # prometheus_client appends _total to counters itself.
             metric_name = PREFIX + (name[: -len("_total")] if kind == "counter" else name)
             self.m[name] = kinds[kind](metric_name, doc, labels, **kw)
+        labels = tuple(genai.prometheus_label(a) for a in genai.ATTRIBUTES)
+        self.genai = {
+            name: pc.Histogram(genai.prometheus_name(name), doc, labels, buckets=bounds, **reg)
+            for name, (doc, bounds) in genai.METRICS.items()
+        }
         self._health: dict[str, dict[str, float]] = {"errors": {}, "dropped": {}}
+        self._occupancy_seen: dict[tuple[str, str, int], float] = {}
         if port is not None:
             pc.start_http_server(port, addr="0.0.0.0", registry=registry or pc.REGISTRY)
 
     def emit(self, rec: dict[str, Any], ctx: EmitContext | None = None) -> None:
         if rec.get("warmup"):
             return  # start-up and client warm-ups (JIT, first loads) would skew every histogram
+        for name, value, attrs in genai.observations(rec):
+            self.genai[name].labels(*(attrs.get(a, "") for a in genai.ATTRIBUTES)).observe(value)
         m, model = self.m, rec.get("model") or ""
         m["requests_total"].labels(model, rec["status"]).inc()
         ttft = rec.get("ttft_s")
@@ -124,6 +167,25 @@ class PrometheusSink:
                 if delta > 0:
                     self.m[metric].labels(**{label: key}).inc(delta)
                     seen[key] = value
+
+    def sync_occupancy(self, samples: dict[int, dict[str, dict[str, int]]]) -> None:
+        """pid -> that process's latest occupancy sample: gauges set, cumulative counts turned into increments."""
+        for pid, sample in samples.items():
+            for part, fields in sample.items():
+                for field, value in fields.items():
+                    name = OCCUPANCY.get(part, {}).get(field)
+                    if name is None:
+                        continue
+                    labels = {"pid": str(pid), **({"cache": part} if "cache" in METRICS[name][1] else {})}
+                    metric = self.m[name].labels(**labels)
+                    if METRICS[name][0] == "gauge":
+                        metric.set(value)
+                        continue
+                    key = (name, part, pid)
+                    delta = value - self._occupancy_seen.get(key, 0)
+                    if delta > 0:
+                        metric.inc(delta)
+                    self._occupancy_seen[key] = value
 
 
 def health_totals(api: dict[str, Any], peers: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:

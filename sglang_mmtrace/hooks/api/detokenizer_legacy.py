@@ -67,3 +67,8 @@ PART = "detokenizer"  # the switch part that gates these hooks
 HOOKS: dict[str, HookSpec] = {
     "detokenizer_legacy.bootstrap": HookSpec("detokenizer_legacy.bootstrap", make=_make, gated=False),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "detokenizer_legacy.bootstrap": ((2, "run_detokenizer_process_func"),),
+}

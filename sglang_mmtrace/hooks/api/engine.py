@@ -42,3 +42,5 @@ HOOKS: dict[str, HookSpec] = {
     "engine.generate": interval("engine.generate", _exit, _enter),
     "engine.async_generate": interval("engine.async_generate", _exit, _enter),
 }
+# the arguments each hook reads from its target (registry.READS_OF): none, the call itself is the event
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {}

@@ -155,3 +155,6 @@ def _install(app: Any) -> Any:
 PART = "http"  # the switch part that gates these hooks
 
 HOOKS = {"http_server.app": HookSpec("http_server.app", install=_install)}
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {}

@@ -172,3 +172,11 @@ HOOKS: dict[str, HookSpec] = {
     ),
     "mm_processor.expand": interval("mm_processor.expand", _expand_exit, nvtx=_nv("mm.expand")),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "mm_processor.process": ((0, "image_data"),),
+    "mm_processor.decode": ((0, "snapshot"),),
+    "mm_processor.resize_normalize": ((0, "entries"),),
+    "mm_processor.expand": ((1, "artifacts"),),
+}

@@ -321,3 +321,12 @@ HOOKS: dict[str, HookSpec] = {
         "mm_processor_legacy.cuda_ipc", _ipc_done, _ipc_start, nvtx=_nv("transport.prepare", _ipc_rid)
     ),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "mm_processor_legacy.request": ((0, "image_data"),),
+    "mm_processor_legacy.load_decode": ((1, "modality"),),
+    "mm_processor_legacy.combine": ((0, "base_output"),),
+    "mm_processor_legacy.resize_normalize": ((1, "images"),),
+    "mm_processor_legacy.cuda_ipc": ((0, "tensor"),),
+}

@@ -37,3 +37,8 @@ HOOKS: dict[str, HookSpec] = {
         "openai_serving.convert", _convert_exit, nvtx=("openai.convert", lambda i, a, k: "")
     ),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "openai_serving.convert": ((1, "raw_request"),),
+}

@@ -156,7 +156,7 @@ def _tm_init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         server_args = getattr(instance, "server_args", None)
         enable_metrics = bool(getattr(server_args, "enable_metrics", False))
         try:
-            runtime.collector.start_metrics(enable_metrics, cfg.metrics_port)
+            runtime.collector.start_metrics(enable_metrics, cfg.metrics_port, instance)
         except Exception as err:  # e.g. the collector did not answer: metrics off, serving goes on
             telemetry.warn("metrics disabled: %r", err)
 
@@ -188,4 +188,13 @@ HOOKS: dict[str, HookSpec] = {
     ),
     "tokenizer_manager.batch_output": before("tokenizer_manager.batch_output", _batch_output),
     "tokenizer_manager.abort": before("tokenizer_manager.abort", _abort),
+}
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "tokenizer_manager.init_req_state": ((0, "obj"),),
+    "tokenizer_manager.tokenize": ((0, "obj"),),
+    "tokenizer_manager.dispatch": ((0, "tokenized_obj"),),
+    "tokenizer_manager.batch_output": ((0, "recv_obj"),),
+    "tokenizer_manager.abort": ((0, "rid"),),
 }

@@ -70,3 +70,8 @@ HOOKS: dict[str, HookSpec] = {
         "transport.wrap_shm_features", _exit, _enter, nvtx=("transport.prepare", _detail)
     ),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "transport.wrap_shm_features": ((0, "obj"),),
+}

@@ -41,3 +41,8 @@ HOOKS: dict[str, HookSpec] = {
         "detokenizer.handle_batch", _exit, _enter, nvtx=("detokenize", _detail), entered_only=True
     ),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "detokenizer.handle_batch": ((0, "recv_obj"),),
+}

@@ -35,7 +35,7 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
                 t0,
                 t1,
                 name,
-                {**base, "images": len(hashes), "embedding_cache": "miss", "skipped": False},
+                {**base, "images": len(hashes), "requests": len(owners), "embedding_cache": "miss", "skipped": False},
             )
     _emit_skipped_encoder(ctx, base)
     embed_end = None
@@ -126,4 +126,9 @@ PART = "scheduler"  # the switch part that gates these hooks
 HOOKS: dict[str, HookSpec] = {
     "batch_result.stream_output": HookSpec("batch_result.stream_output", make=_stream_make),
     "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=("scheduler.output", _output_detail)),
+}
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "batch_result.prefill": ((0, "batch"),),
 }

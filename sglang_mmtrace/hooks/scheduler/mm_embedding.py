@@ -70,3 +70,9 @@ HOOKS: dict[str, HookSpec] = {
         "mm_embedding.vision_encoder", "model.vision_encoder", _vit_owners, _store_vit
     ),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "mm_embedding.prepare": ((1, "forward_batch"),),
+    "mm_embedding.vision_encoder": ((0, "items"),),
+}

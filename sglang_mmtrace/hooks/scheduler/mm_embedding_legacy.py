@@ -48,3 +48,8 @@ HOOKS: dict[str, HookSpec] = {
     # the batch was scanned by the routine hook: only mark the embedding call
     "mm_embedding_legacy.embed": marked("mm_embedding_legacy.embed", "embed", "model.embed", mm_embedding.needs_embed),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "mm_embedding_legacy.routine": ((1, "forward_batch"),),
+}

@@ -79,3 +79,6 @@ HOOKS: dict[str, HookSpec] = {
     "model_runner.forward": marked("model_runner.forward", "fwd", "model.prefill"),
     "model_runner.sample": marked("model_runner.sample", "sample", "model.sample"),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {}

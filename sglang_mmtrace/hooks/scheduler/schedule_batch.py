@@ -77,3 +77,6 @@ HOOKS: dict[str, HookSpec] = {
     ),
     "schedule_batch.prepare_for_extend": interval("schedule_batch.prepare_for_extend", _prepare_exit),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {}

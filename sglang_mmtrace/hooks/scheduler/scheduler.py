@@ -79,3 +79,12 @@ HOOKS: dict[str, HookSpec] = {
         "scheduler.run_batch", _run_exit, _run_enter, nvtx=("model.forward", _forward_detail), entered_only=True
     ),
 }
+
+# the arguments each hook reads from its target (registry.READS_OF)
+READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
+    "scheduler.add_to_queue": (
+        (0, "req"),
+        (1, "is_retracted"),
+    ),
+    "scheduler.run_batch": ((0, "batch"),),
+}

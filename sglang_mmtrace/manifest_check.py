@@ -1,0 +1,541 @@
+"""A manifest checked against an SGLang source tree without importing SGLang (or its torch).
+
+The same check serves CI (every supported release, from its wheel), ``sglang-mmtrace doctor`` (the
+installed SGLang's files) and ``sglang-mmtrace doctor --matrix`` (the README's support matrix). For
+each hook it parses the target's module with ``ast`` and finds what ``patch.resolve`` would find at
+run time: the module (the longest dotted prefix that is a module file), the class chain, and the
+attribute defined in the owner's own body (an inherited method is refused, as ``patch.resolve``
+refuses it; the message names the class that defines it). Then:
+
+- the kind: ``async def`` = ``async`` (``asyncgen`` with ``yield``), ``def`` = ``sync`` (also under
+  ``classmethod``/``staticmethod``), ``asgi`` = a module-level assignment (the ``app`` object);
+- every argument the hook reads (``READS`` in its hook module: ``(position, name)``, positions
+  without ``self``/``cls``) is a parameter of the target's signature at that position and name.
+
+``hook_reads`` finds, from the hook modules' own source, which arguments each hook reads, so that a
+test holds the ``READS`` declarations to the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from . import environment_variables as ev
+from .manifest import HookEntry, Manifest, load
+
+Read = tuple[int | None, str | None]
+"""One argument a hook reads: (position without self/cls, name); None where it reads only the other."""
+
+
+class WheelUnavailable(RuntimeError):
+    """A release's wheel is neither in the cache nor downloadable (``pip download`` failed)."""
+
+
+# ------------------------------------------------------------------------------------------------ sources
+
+
+class Source(Protocol):
+    """SGLang's Python files, by path relative to the folder that holds ``sglang/``."""
+
+    version: str
+
+    def read(self, rel: str) -> str | None: ...
+
+
+class WheelSource:
+    def __init__(self, wheel: Path) -> None:
+        self.zip = zipfile.ZipFile(wheel)
+        self.names = set(self.zip.namelist())
+        self.version = wheel.name.split("-")[1]
+
+    def read(self, rel: str) -> str | None:
+        return self.zip.read(rel).decode("utf-8") if rel in self.names else None
+
+
+class DirSource:
+    def __init__(self, root: Path, version: str) -> None:
+        self.root = root
+        self.version = version
+
+    def read(self, rel: str) -> str | None:
+        path = self.root / rel
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def installed_source(version: str) -> DirSource | None:
+    """The installed SGLang's files (found without importing it), or None when it is not installed."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return DirSource(Path(next(iter(spec.submodule_search_locations))).parent, version)
+
+
+def wheel_cache() -> Path:
+    return Path(os.environ.get(ev.SGLANG_MMTRACE_WHEEL_CACHE) or Path.home() / ".cache" / "sglang-mmtrace" / "wheels")
+
+
+def wheel(version: str, cache: Path | None = None) -> Path:
+    """The ``sglang==version`` wheel in the cache, downloaded there once (``pip download --no-deps``)."""
+    cache = cache or wheel_cache()
+    found = sorted(cache.glob(f"sglang-{version}-*.whl"))
+    if found:
+        return found[0]
+    cache.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", f"sglang=={version}", "--no-deps", "-q", "-d", str(cache)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(cache.glob(f"sglang-{version}-*.whl"))
+    if done.returncode != 0 or not found:
+        raise WheelUnavailable(
+            f"sglang=={version}: no wheel in {cache} and `{' '.join(cmd[2:])}` failed "
+            f"(is PyPI reachable? put the wheel in {ev.SGLANG_MMTRACE_WHEEL_CACHE}): {done.stderr.strip()[-500:]}"
+        )
+    return found[0]
+
+
+# ------------------------------------------------------------------------------------------------ targets
+
+
+@dataclass(frozen=True)
+class Found:
+    """Where a target is defined in the source, and what it is."""
+
+    where: str  # file:line
+    node: ast.AST
+    method: bool  # defined in a class body (its first parameter is self/cls unless a staticmethod)
+
+
+def _defines(node: ast.stmt, name: str) -> bool:
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return node.name == name
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    if isinstance(node, ast.AnnAssign):
+        return isinstance(node.target, ast.Name) and node.target.id == name
+    return False
+
+
+def _find(body: list[ast.stmt], name: str) -> ast.AST | None:
+    """The last definition of ``name`` in a body (later definitions win, as at run time), also inside
+    module-level ``if``/``try`` blocks."""
+    found = None
+    for node in body:
+        if _defines(node, name):
+            found = node
+        elif isinstance(node, ast.If | ast.Try):
+            for sub in (
+                node.body,
+                node.orelse,
+                getattr(node, "finalbody", []),
+                *(h.body for h in getattr(node, "handlers", [])),
+            ):
+                hit = _find(sub, name)
+                if hit is not None:
+                    found = hit
+    return found
+
+
+class Tree:
+    """Parsed modules of one source, by dotted name."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self._parsed: dict[str, tuple[str, ast.Module] | None] = {}
+
+    def module(self, dotted: str) -> tuple[str, ast.Module] | None:
+        if dotted not in self._parsed:
+            base = dotted.replace(".", "/")
+            hit = None
+            for rel in (f"{base}.py", f"{base}/__init__.py"):
+                text = self.source.read(rel)
+                if text is not None:
+                    hit = (rel, ast.parse(text, filename=rel))
+                    break
+            self._parsed[dotted] = hit
+        return self._parsed[dotted]
+
+    def split(self, target: str) -> tuple[str, list[str]] | None:
+        """(module, attribute path): the longest dotted prefix that is a module file."""
+        parts = target.split(".")
+        for n in range(len(parts) - 1, 0, -1):
+            if self.module(".".join(parts[:n])) is not None:
+                return ".".join(parts[:n]), parts[n:]
+        return None
+
+    def defining_base(self, module: str, cls: ast.ClassDef, name: str, seen: int = 0) -> str | None:
+        """``module.Class`` of the nearest base class (in this source) whose own body defines ``name``."""
+        if seen > 20:
+            return None
+        for base in cls.bases:
+            resolved = self._base(module, ast.unparse(base))
+            if resolved is None:
+                continue
+            base_mod, base_cls = resolved
+            if _find(base_cls.body, name) is not None:
+                return f"{base_mod}.{base_cls.name}"
+            deeper = self.defining_base(base_mod, base_cls, name, seen + 1)
+            if deeper is not None:
+                return deeper
+        return None
+
+    def _base(self, module: str, expr: str) -> tuple[str, ast.ClassDef] | None:
+        """A base-class expression of a class in ``module`` -> (its module, its ClassDef), through the
+        module's absolute imports (``from pkg.mod import Base``, ``import pkg.mod as m``)."""
+        _, tree = self.module(module)  # type: ignore[misc]
+        head, _, rest = expr.partition(".")
+        where, name = module, expr
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:
+                    if (alias.asname or alias.name) == head:
+                        where, name = node.module, ".".join(filter(None, (alias.name, rest)))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == head and rest:
+                        where, name = alias.name, rest
+        split = self.split(f"{where}.{name}")
+        if split is None:
+            return None
+        where, parts = split
+        body = self.module(where)[1].body  # type: ignore[index]
+        node = None
+        for part in parts:
+            node = _find(body, part)
+            if not isinstance(node, ast.ClassDef):
+                return None
+            body = node.body
+        return (where, node) if node is not None else None
+
+    def find(self, target: str) -> Found | str:
+        """The target's definition, or why there is none."""
+        split = self.split(target)
+        if split is None:
+            return "no module file"
+        module, rest = split
+        rel, tree = self.module(module)  # type: ignore[misc]
+        body: list[ast.stmt] = tree.body
+        owner: ast.ClassDef | None = None
+        where = rel
+        for i, name in enumerate(rest):
+            node = _find(body, name)
+            if node is None:
+                if owner is not None:
+                    base = self.defining_base(module, owner, name)
+                    if base is not None:
+                        return f"{owner.name}.{name} is inherited from {base}: hook that class"
+                if owner is None and i < len(rest) - 1:
+                    return f"{module}.{name}: no module file, and {name} not defined in {where}"
+                return f"{name} not defined in {where}"
+            if i < len(rest) - 1:
+                if not isinstance(node, ast.ClassDef):
+                    return f"{name} in {where} is not a class"
+                owner, body, where = node, node.body, f"{rel}:{node.name}"
+                continue
+            return Found(f"{rel}:{node.lineno}", node, owner is not None)
+        return "no attribute path after the module"
+
+
+def _yields(fn: ast.AST) -> bool:
+    """Does this function's own body (not nested defs/lambdas) contain yield?"""
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue
+        if isinstance(node, ast.Yield | ast.YieldFrom):
+            return True
+        stack.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def _kind(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    if isinstance(fn, ast.AsyncFunctionDef):
+        return "asyncgen" if _yields(fn) else "async"
+    return "sync"
+
+
+def _decorators(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    return {ast.unparse(d.func if isinstance(d, ast.Call) else d) for d in fn.decorator_list}
+
+
+def signature_problem(found: Found, reads: Iterable[Read]) -> str | None:
+    """Why one of ``reads`` is not a parameter of the target at that position and name; None if all are."""
+    fn = found.node
+    assert isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+    positional = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if found.method and "staticmethod" not in _decorators(fn):
+        positional = positional[1:]
+    names = set(positional) | {a.arg for a in fn.args.kwonlyargs}
+    for pos, name in reads:
+        if pos is not None and name is not None:
+            if pos >= len(positional) or positional[pos] != name:
+                at = positional[pos] if pos < len(positional) else "nothing"
+                return f"reads argument {pos} as {name!r}, the signature has {at!r} there ({', '.join(positional)})"
+        elif name is not None and name not in names and fn.args.kwarg is None:
+            return f"reads argument {name!r}, not a parameter ({', '.join(sorted(names))})"
+        elif pos is not None and pos >= len(positional) and fn.args.vararg is None:
+            return f"reads argument {pos}, the signature has {len(positional)} ({', '.join(positional)})"
+    return None
+
+
+@dataclass(frozen=True)
+class HookCheck:
+    entry: HookEntry
+    why: str | None  # None: resolves, kind and arguments match
+    where: str  # file:line of the definition ("" when not found)
+
+    @property
+    def ok(self) -> bool:
+        return self.why is None
+
+
+def check_entry(tree: Tree, entry: HookEntry, reads: Iterable[Read] = ()) -> HookCheck:
+    found = tree.find(entry.target)
+    if isinstance(found, str):
+        return HookCheck(entry, found, "")
+    node = found.node
+    if entry.kind == "asgi":
+        ok = isinstance(node, ast.Assign | ast.AnnAssign) and not found.method
+        return HookCheck(entry, None if ok else f"not a module-level assignment ({type(node).__name__})", found.where)
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return HookCheck(entry, f"a {type(node).__name__}, not a function", found.where)
+    actual = _kind(node)
+    if actual != entry.kind:
+        return HookCheck(entry, f"kind is {actual}, manifest says {entry.kind}", found.where)
+    return HookCheck(entry, signature_problem(found, reads), found.where)
+
+
+def check(manifest: Manifest, source: Source) -> list[HookCheck]:
+    """Every hook of ``manifest`` checked against ``source``, with the arguments its hook module reads."""
+    from .hooks.registry import READS_OF
+
+    tree = Tree(source)
+    return [check_entry(tree, e, READS_OF.get(e.hook_id, ())) for e in manifest.hooks]
+
+
+# ------------------------------------------------------------------------------------------------ stages
+
+
+def stage_states(manifest: Manifest, results: list[HookCheck]) -> dict[str, tuple[str, str]]:
+    """stage -> (state, why): ``ok``; ``partial``/``lost`` (some/all of its hooks fail); ``none`` (the
+    manifest names no target: its ``[absent]`` table says why); ``joined`` (the collector joins it)."""
+    from .join.collector import JOINED_STAGES
+    from .stages import STAGES
+
+    out: dict[str, tuple[str, str]] = {}
+    for stage in STAGES:
+        mine = [r for r in results if stage in r.entry.stages and r.entry.required]
+        failed = [r for r in mine if not r.ok]
+        why = "; ".join(f"{r.entry.hook_id}: {r.why}" for r in failed)
+        if stage in JOINED_STAGES:
+            out[stage] = ("joined", "joined in the collector")
+        elif not mine:
+            out[stage] = ("none", manifest.absent.get(stage, f"the {manifest.version} manifest names no target"))
+        elif not failed:
+            out[stage] = ("ok", "")
+        else:
+            out[stage] = ("lost" if len(failed) == len(mine) else "partial", why)
+    return out
+
+
+MATRIX_BEGIN = "<!-- support-matrix:begin (generated by sglang-mmtrace doctor --matrix) -->"
+MATRIX_END = "<!-- support-matrix:end -->"
+
+
+def matrix(versions: Iterable[str], cache: Path | None = None) -> str:
+    """The support matrix (stage x release) as Markdown: each release's own manifest checked against its
+    wheel. Cells: ok, joined, none (no target: why below), partial/LOST (why below)."""
+    from .stages import STAGES
+
+    versions = list(versions)
+    states = {}
+    for v in versions:
+        manifest = load(v)
+        states[v] = stage_states(manifest, check(manifest, WheelSource(wheel(v, cache))))
+    lines = ["| stage | " + " | ".join(versions) + " |", "|---|" + "---|" * len(versions)]
+    notes: dict[str, list[str]] = {}
+    for stage in STAGES:
+        cells = []
+        for v in versions:
+            state, why = states[v][stage]
+            if state in ("none", "partial", "lost"):
+                refs = notes.setdefault(why, [])
+                refs.append(f"{stage} on {v}")
+                state = f"{state if state != 'lost' else 'LOST'} [{list(notes).index(why) + 1}]"
+            cells.append(state)
+        lines.append(f"| `{stage}` | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"{i}. {why}" for i, why in enumerate(notes, 1)]
+    return "\n".join(lines)
+
+
+def render_readme(readme: str, table: str) -> str:
+    head, rest = readme.split(MATRIX_BEGIN, 1)
+    _, tail = rest.split(MATRIX_END, 1)
+    return f"{head}{MATRIX_BEGIN}\n{table}\n{MATRIX_END}{tail}"
+
+
+# ------------------------------------------------------------------------------------------------ hook reads
+
+
+def hook_reads(module_path: Path) -> dict[str, set[Read]]:
+    """hook id -> the arguments its code reads, found in the hook module's source.
+
+    From each ``HOOKS`` entry, the module-level functions it names are followed (with the constant
+    arguments of factory calls bound to their parameters, and module-level constants); the reads are
+    ``arg(args, kwargs, i, name)`` calls, and raw ``kwargs[...]``/``args[...]`` reads (a name and a
+    position read in the same function make one pair). Functions of other hook modules named as
+    ``module.function`` are followed into that module.
+    """
+    return _ModuleReads(module_path).by_hook()
+
+
+class _ModuleReads:
+    _loaded: dict[Path, _ModuleReads] = {}
+
+    @classmethod
+    def of(cls, path: Path) -> _ModuleReads:
+        if path not in cls._loaded:
+            cls._loaded[path] = cls(path)
+        return cls._loaded[path]
+
+    def __init__(self, path: Path) -> None:
+        self.tree = ast.parse(path.read_text(encoding="utf-8"))
+        body = self.tree.body
+        self.funcs = {n.name: n for n in body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+        self.consts = {
+            t.id: n.value.value
+            for n in body
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        self.modules: dict[str, Path] = {}  # ``from . import x`` / ``from .x import f``: sibling hook modules
+        self.imported: dict[str, tuple[Path, str]] = {}
+        for n in body:
+            if isinstance(n, ast.ImportFrom) and n.level == 1:
+                for alias in n.names:
+                    if n.module is None and (path.parent / f"{alias.name}.py").is_file():
+                        self.modules[alias.asname or alias.name] = path.parent / f"{alias.name}.py"
+                    elif n.module is not None:
+                        self.imported[alias.asname or alias.name] = (path.parent / f"{n.module}.py", alias.name)
+
+    def by_hook(self) -> dict[str, set[Read]]:
+        hooks = next(
+            n.value
+            for n in self.tree.body
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else [])
+            if isinstance(t, ast.Name) and t.id == "HOOKS"
+        )
+        assert isinstance(hooks, ast.Dict)
+        out: dict[str, set[Read]] = {}
+        for key, value in zip(hooks.keys, hooks.values, strict=True):
+            reads: set[Read] = set()
+            self._follow(value, {}, reads, set())
+            out[ast.literal_eval(key)] = reads  # type: ignore[arg-type]
+        return out
+
+    def _value(self, node: ast.AST, env: dict[str, object]) -> object:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return env.get(node.id, self.consts.get(node.id))
+        return None
+
+    def _callee(self, node: ast.AST) -> tuple[_ModuleReads, ast.FunctionDef | ast.AsyncFunctionDef] | None:
+        """The hook-package function a name (``f``, ``sibling.f``, an imported ``f``) refers to."""
+        if isinstance(node, ast.Name) and node.id in self.funcs:
+            return self, self.funcs[node.id]
+        if isinstance(node, ast.Name) and node.id in self.imported:
+            path, name = self.imported[node.id]
+            other = _ModuleReads.of(path)
+            return (other, other.funcs[name]) if name in other.funcs else None
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in self.modules:
+            other = _ModuleReads.of(self.modules[node.value.id])
+            return (other, other.funcs[node.attr]) if node.attr in other.funcs else None
+        return None
+
+    def _follow(self, node: ast.AST, env: dict[str, object], reads: set[Read], seen: set[tuple]) -> None:
+        """Into every function an expression or body calls (its constant arguments bound) or names."""
+        stack = [node]
+        while stack:
+            sub = stack.pop()
+            callee = self._callee(sub.func) if isinstance(sub, ast.Call) else self._callee(sub)
+            if isinstance(sub, ast.Call) and callee is not None:
+                mod, fn = callee
+                params = [a.arg for a in fn.args.args]
+                bound = {p: self._value(a, env) for p, a in zip(params, sub.args, strict=False)}
+                bound.update({k.arg: self._value(k.value, env) for k in sub.keywords if k.arg})
+                mod._function(fn, {k: v for k, v in bound.items() if v is not None}, reads, seen)
+                stack.extend([*sub.args, *(k.value for k in sub.keywords)])
+            elif callee is not None:
+                callee[0]._function(callee[1], {}, reads, seen)
+            else:
+                stack.extend(ast.iter_child_nodes(sub))
+
+    def _function(
+        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, env: dict[str, object], reads: set[Read], seen: set[tuple]
+    ) -> None:
+        key = (id(self), fn.name, tuple(sorted(env.items(), key=str)))
+        if key in seen:
+            return
+        seen.add(key)
+        for sub in ast.walk(fn):  # one function and the closures it defines
+            if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                self._raw_reads(sub, env, reads)
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Name)
+                and sub.func.id == "arg"
+                and len(sub.args) == 4
+            ):
+                pos, name = self._value(sub.args[2], env), self._value(sub.args[3], env)
+                if pos is not None or name is not None:
+                    reads.add((pos, name))  # type: ignore[arg-type]
+        for stmt in fn.body:
+            self._follow(stmt, env, reads, seen)
+
+    def _raw_reads(self, fn: ast.AST, env: dict[str, object], reads: set[Read]) -> None:
+        """``kwargs[k]``, ``kwargs.get(k)``, ``k in kwargs``, ``args[i]`` in one function's own body; a
+        name and a position read together (``kwargs[k] if k in kwargs else args[i]``) are one pair."""
+        names: set[str] = set()
+        positions: set[int] = set()
+        stack = list(ast.iter_child_nodes(fn))
+        while stack:
+            sub = stack.pop()
+            if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                continue
+            stack.extend(ast.iter_child_nodes(sub))
+            if isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name):
+                index = self._value(sub.slice, env)
+                if sub.value.id == "kwargs" and isinstance(index, str):
+                    names.add(index)
+                elif sub.value.id == "args" and isinstance(index, int):
+                    positions.add(index)
+            elif (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr == "get"
+                and isinstance(sub.func.value, ast.Name)
+                and sub.func.value.id == "kwargs"
+                and sub.args
+            ):
+                names.add(self._value(sub.args[0], env))  # type: ignore[arg-type]
+            elif isinstance(sub, ast.Compare) and isinstance(sub.ops[0], ast.In):
+                right = sub.comparators[0]
+                if isinstance(right, ast.Name) and right.id == "kwargs":
+                    names.add(self._value(sub.left, env))  # type: ignore[arg-type]
+        names.discard(None)  # type: ignore[arg-type]
+        if len(names) == 1 and len(positions) == 1:
+            reads.add((positions.pop(), names.pop()))
+            return
+        reads.update((None, n) for n in names)
+        reads.update((p, None) for p in positions)
