@@ -121,6 +121,19 @@ def test_each_record_names_the_api_process_that_served_it(collector):
     assert {r["rid"]: p["api"] for r, p in zip(sink.records, sink.pids, strict=True)} == {"w1": 21, "w2": 22, "w3": 21}
 
 
+def test_a_joined_workers_counters_come_from_its_heartbeats_only(collector):
+    """A worker with an outbox (peer ``api:<pid>``) also sends its health with its requests: counted once."""
+    col, sink, push = collector
+    push.send(pickle.dumps(("hb", "api", 31, {"errors": {"w": 2}, "dropped": {}})))
+    sample = {"preprocess": {"used_bytes": 5}}
+    health = {"errors": {"w": 2}, "dropped": {}, "occupancy": sample}
+    push.send(pickle.dumps(("api", "api", 31, ([to_wire(_trace("w4", False))], health))))
+    _wait(lambda: sink.records)
+    st = admin_request(col.admin_address, ("state",))
+    assert st["api"]["errors"] == {} and st["peers"]["api:31"]["errors"] == {"w": 2}
+    assert col._occupancy()[31] == sample and sink.pids == [{"api": 31}]
+
+
 def test_discarded_request_leaves_no_record_and_no_pending_events(collector):
     col, sink, push = collector
     trace = _trace("r2", True)

@@ -92,6 +92,7 @@ class Collector:
         self._peers: dict[str, dict[str, Any]] = {}
         self._watermarks: dict[str, tuple[float, float]] = {}  # peer -> (latest send time, when read here)
         self._api: dict[str, Any] = {}  # the API process's last health report
+        self._worker_occupancy: dict[int, Any] = {}  # tokenizer worker pid -> its last occupancy sample
         self.api_pid: int | None = None
         self._records = 0
         self._discarded = 0  # requests that crossed a switch flip: no record
@@ -240,9 +241,13 @@ class Collector:
             return
         if kind == "api":
             traces, health = body
-            self.api_pid = pid
-            if health is not None:
-                self._api.update(health)
+            if f"api:{pid}" in self._peers:  # a tokenizer worker (launcher): its outbox's heartbeats carry its counters
+                if health is not None and health.get("occupancy"):
+                    self._worker_occupancy[pid] = health["occupancy"]
+            else:
+                self.api_pid = pid
+                if health is not None:
+                    self._api.update(health)
             self._on_traces([from_wire(w) for w in traces], pid)
             return
         t = time.perf_counter()
@@ -399,6 +404,7 @@ class Collector:
         for key, hb in self._peers.items():
             if hb.get("occupancy"):
                 out[int(key.partition(":")[2])] = hb["occupancy"]
+        out.update(self._worker_occupancy)
         api_pid = self.api_pid or self.parent_pid
         if api_pid is not None:
             out[api_pid] = {**(self._api.get("occupancy") or {}), **occupancy.shm_sample(api_pid)}
