@@ -197,3 +197,11 @@ SGLANG_MMTRACE_CONTROL = "SGLANG_MMTRACE_CONTROL"
 
 SGLANG_MMTRACE_COLLECTOR_OWNER = "SGLANG_MMTRACE_COLLECTOR_OWNER"
 """PID of the process that owns the collector (internal)."""
+
+SGLANG_MMTRACE_ADMIN = "SGLANG_MMTRACE_ADMIN"
+"""ZMQ address of the collector process's admin socket (internal): tokenizer workers attached to the
+collector answer ``/mmtrace/state`` and ``/mmtrace/enabled`` through it."""
+
+SGLANG_MMTRACE_LAUNCHER = "SGLANG_MMTRACE_LAUNCHER"
+"""Set to ``1`` by ``sglang-mmtrace run`` (internal): every Python process of the server runs the
+launcher's ``sitecustomize``, so SGLang's processes that call no plugin loader install the plugin too."""

@@ -10,6 +10,7 @@ import inspect
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from . import config, runtime, switch, telemetry
@@ -23,7 +24,7 @@ from .patch import apply, kind_of, resolve, unpatch
 logger = logging.getLogger("sglang_mmtrace")
 
 API, SCHEDULER, DETOKENIZER = "api", "scheduler", "detokenizer"
-_ROLE_BY_CALLER = {
+ROLE_BY_CALLER = {
     "run_scheduler_process": SCHEDULER,
     "run_detokenizer_process": DETOKENIZER,
     "run_data_parallel_controller_process": "dp_controller",
@@ -31,8 +32,8 @@ _ROLE_BY_CALLER = {
 
 
 MULTI_TOKENIZER_LIMIT = (
-    "--tokenizer-worker-num %d: not supported; the HTTP/tokenizer workers run outside the process that "
-    "holds the collector, so their requests get no records or traces (use 1 tokenizer worker)"
+    "--tokenizer-worker-num %d: SGLang loads no plugin in the HTTP/tokenizer workers, so their requests get "
+    "no records or traces; start the server under `sglang-mmtrace run -- ...` to trace them"
 )
 
 
@@ -52,12 +53,18 @@ def tokenizer_workers(argv: list[str]) -> int:
     return 1
 
 
+def multi_tokenizer_warning(argv: list[str], env: Mapping[str, str]) -> str | None:
+    """The start-up warning for ``--tokenizer-worker-num`` > 1 outside the launcher, else None."""
+    workers = tokenizer_workers(argv)
+    return MULTI_TOKENIZER_LIMIT % workers if workers > 1 and not env.get(ev.SGLANG_MMTRACE_LAUNCHER) else None
+
+
 def detect_role() -> str:
     """Which SGLang process this is, from the function that called ``load_plugins()``."""
     frame = inspect.currentframe()
     try:
         while frame is not None:
-            role = _ROLE_BY_CALLER.get(frame.f_code.co_name)
+            role = ROLE_BY_CALLER.get(frame.f_code.co_name)
             if role is not None:
                 return role
             frame = frame.f_back
@@ -74,8 +81,11 @@ def load() -> None:
         telemetry.warn("not installed: %r", exc)
 
 
-def install(role: str | None = None) -> str | None:
+def install(role: str | None = None, join: bool = False) -> str | None:
     """Install the plugin in this process. Returns the role, or None when off.
+
+    ``join``: an API process started by one that holds the collector (SGLang's tokenizer workers, adopted
+    by ``launcher``) joins that collector instead of starting its own.
 
     A second call is a no-op (SGLang's loader and a user's ``sglang_mmtrace.install()`` may both run
     in one process): one set of wrappers, one collector. If installing fails half-way, what was started
@@ -83,13 +93,13 @@ def install(role: str | None = None) -> str | None:
     if runtime.role is not None:
         return runtime.role
     try:
-        return _install(role)
+        return _install(role, join)
     except BaseException:
         uninstall()
         raise
 
 
-def _install(role: str | None) -> str | None:
+def _install(role: str | None, join: bool) -> str | None:
     cfg = config.get()
     if not cfg.enabled:
         return None
@@ -103,10 +113,12 @@ def _install(role: str | None) -> str | None:
         telemetry.warn("manifest override %s=%s", ev.SGLANG_MMTRACE_MANIFEST, manifest.override)
     elif not manifest.exact:
         telemetry.warn("SGLang %s has no manifest; using the %s targets that resolve", version, manifest.version)
-    if role == API:
-        workers = tokenizer_workers(sys.argv)
-        if workers > 1:
-            telemetry.warn(MULTI_TOKENIZER_LIMIT, workers)
+    if role == API and join and _collector_of_another_process() is not None:
+        _attach_collector()
+    elif role == API:
+        warning = multi_tokenizer_warning(sys.argv, os.environ)
+        if warning:
+            telemetry.warn("%s", warning)
         _start_collector(version)
     else:
         address = os.environ.get(ev.SGLANG_MMTRACE_COLLECTOR)
@@ -138,7 +150,40 @@ def _start_collector(version: str) -> None:
     runtime.collector = client
     os.environ[ev.SGLANG_MMTRACE_COLLECTOR] = client.address
     os.environ[ev.SGLANG_MMTRACE_CONTROL] = client.control_address
+    os.environ[ev.SGLANG_MMTRACE_ADMIN] = client.admin_address
     os.environ[ev.SGLANG_MMTRACE_COLLECTOR_OWNER] = str(os.getpid())
+
+
+def _collector_of_another_process() -> str | None:
+    """The admin address of a live collector that an ancestor API process started, if any.
+
+    SGLang's tokenizer workers (``--tokenizer-worker-num`` > 1) are API processes spawned by the API
+    process that already holds the collector: they inherit its addresses and join it, so every
+    request, whichever worker serves it, is joined in one place (and recorded once)."""
+    owner, admin = os.environ.get(ev.SGLANG_MMTRACE_COLLECTOR_OWNER), os.environ.get(ev.SGLANG_MMTRACE_ADMIN)
+    if not owner or not admin or not os.environ.get(ev.SGLANG_MMTRACE_COLLECTOR) or owner == str(os.getpid()):
+        return None
+    try:
+        os.kill(int(owner), 0)
+    except (OSError, ValueError):
+        return None  # the owner is gone: this process starts its own
+    return admin
+
+
+def _attach_collector() -> None:
+    """Join the collector as one more API process: traces go to its event socket, and an outbox's
+    control thread applies the runtime switch's flips here and confirms them (so a flip sent to one
+    worker reaches the others) and reports this process's health."""
+    from .join.client import CollectorClient
+    from .join.outbox import Outbox
+
+    runtime.collector = CollectorClient.attach(
+        os.environ[ev.SGLANG_MMTRACE_COLLECTOR],
+        os.environ[ev.SGLANG_MMTRACE_CONTROL],
+        os.environ[ev.SGLANG_MMTRACE_ADMIN],
+    )
+    runtime.outbox = Outbox(runtime.collector.address, API, runtime.collector.control_address)
+    runtime.outbox.start()
 
 
 def check(entry: HookEntry) -> tuple[Any, str | None]:
@@ -180,7 +225,12 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
             telemetry.warn("hook %s -> %s failed to apply: %r", entry.hook_id, entry.target, exc)
 
 
-_COLLECTOR_ENV = (ev.SGLANG_MMTRACE_COLLECTOR, ev.SGLANG_MMTRACE_CONTROL, ev.SGLANG_MMTRACE_COLLECTOR_OWNER)
+_COLLECTOR_ENV = (
+    ev.SGLANG_MMTRACE_COLLECTOR,
+    ev.SGLANG_MMTRACE_CONTROL,
+    ev.SGLANG_MMTRACE_ADMIN,
+    ev.SGLANG_MMTRACE_COLLECTOR_OWNER,
+)
 
 
 def uninstall() -> None:
@@ -201,10 +251,11 @@ def uninstall() -> None:
 
     nvtx.teardown()
     if runtime.collector is not None:
+        if runtime.collector.process is not None:  # this process started it
+            for name in _COLLECTOR_ENV:
+                os.environ.pop(name, None)
         runtime.collector.close()
         runtime.collector = None
-        for name in _COLLECTOR_ENV:
-            os.environ.pop(name, None)
     if runtime.outbox is not None:
         runtime.outbox.stop()
         runtime.outbox = None

@@ -39,7 +39,12 @@ class Stage:
 
 
 _CATALOGUE: tuple[Stage, ...] = (
-    Stage("request", API, "root: request bytes arrived -> first streamed chunk written (server-side TTFT)"),
+    Stage(
+        "request",
+        API,
+        "root: request bytes arrived -> first streamed chunk written (server-side TTFT); offline Engine:"
+        " generate call -> first output received",
+    ),
     Stage("http.parse", API, "body read, JSON parse, validation", parent="request"),
     Stage("openai.convert", API, "OpenAI request -> internal request, chat-template rendering", parent="request"),
     Stage(

@@ -34,11 +34,13 @@ def start_server(
     server_args: Sequence[str] = DEMO_SERVER_ARGS,
     plugin_enabled: bool = True,
     cache_dir: Path | None = None,
+    launcher: bool = False,
 ) -> Iterator[CpuServer]:
     """A real CPU server with its records and log in a fresh temp folder ``name``; stopped on exit.
 
     Every real-server fixture goes through here, so they differ only in what they pass
-    (``cache_dir``: where the model is, e.g. :func:`capped_model_cache`; default the shared one).
+    (``cache_dir``: where the model is, e.g. :func:`capped_model_cache`; default the shared one;
+    ``launcher``: under ``sglang-mmtrace run``).
     """
     folder = tmp_path_factory.mktemp(name)
     srv = CpuServer(
@@ -48,6 +50,7 @@ def start_server(
         health_timeout=HEALTH_TIMEOUT_S,
         plugin_enabled=plugin_enabled,
         cache_dir=cache_dir,
+        launcher=launcher,
         # SGLang's timeout for fetching image URLs (default 3 s) is too short on a shared 2-core machine.
         env={"REQUEST_TIMEOUT": "60", **(env or {})},
     )

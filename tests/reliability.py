@@ -63,6 +63,18 @@ def send_image_requests(port: int, prefix: str, n: int, seed: int, size: int, qu
     return rids
 
 
+def flip(port: int, body: object) -> tuple[int, dict]:
+    """POST /mmtrace/enabled (the runtime switch); returns the status and the JSON answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        raw = json.dumps(body).encode() if not isinstance(body, bytes) else body
+        conn.request("POST", "/mmtrace/enabled", body=raw, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
 def get(port: int, path: str, timeout: float = 60) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:

@@ -1,11 +1,11 @@
-"""Multiprocess: ``--tokenizer-worker-num 2`` on the real CPU server.
+"""Multiprocess: ``--tokenizer-worker-num 2`` and ``--dp-size 2`` on the real CPU server.
 
-With more than one tokenizer worker, SGLang 0.5.23 serves HTTP from Granian worker processes that
-import the app themselves; the plugin's collector lives in the launcher process, so the workers'
-requests are not joined into records or traces. The plugin says so in one log line at start, and
-``doctor`` lists the limit; this test pins both and what actually happens to the requests (served,
-no records). With ``--dp-size 2`` the API process stays one and two schedulers report to its
-collector: each request's record and spans are joined from the scheduler that served it.
+With more than one tokenizer worker, SGLang 0.5.23 serves HTTP from uvicorn worker processes that
+import the app themselves and load no plugin. Started plainly, the plugin says so in one log line
+(``doctor`` lists the limit); started under ``sglang-mmtrace run``, every worker installs the plugin and
+joins the launcher process's collector: each request gets one record and one trace, whichever worker
+served it. With ``--dp-size 2`` the API process stays one and two schedulers report to its collector:
+each request's record and spans are joined from the scheduler that served it.
 """
 
 from __future__ import annotations
@@ -14,43 +14,100 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import read_records, records, start_server, state
+from conftest import records, start_server, state
 from peers.otlp_receiver import OtlpReceiver
-from reliability import chat_body, plugin_lines, post, send_image_requests, sse_usage
+from reliability import chat_body, flip, plugin_lines, post, send_image_requests, sse_usage
 
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
-from sglang_mmtrace.config import Config
+from sglang_mmtrace.harness import data_url, image_message, make_image
 
 pytestmark = pytest.mark.server
 
 
-def test_doctor_lists_the_limit():
+def test_doctor_lists_the_limit_and_the_launcher():
     out = subprocess.run(
         [sys.executable, "-m", "sglang_mmtrace.cli.main", "doctor"], capture_output=True, text=True, timeout=300
     )
-    assert "--tokenizer-worker-num > 1: not supported" in out.stdout, out.stdout[-2000:]
+    assert "--tokenizer-worker-num > 1: needs `sglang-mmtrace run -- ...`" in out.stdout, out.stdout[-2000:]
+
+
+def _spans_of(receiver: OtlpReceiver, rec: dict, timeout: float = 60.0) -> list:
+    """The spans of one record's trace, once all of them (one per stage) have arrived."""
+    deadline = time.monotonic() + timeout
+    while len(spans := [s for s in receiver.snapshot() if s.trace_id == rec["trace_id"]]) < len(rec["stages"]):
+        assert time.monotonic() < deadline, f"{rec['rid']}: {len(spans)} of {len(rec['stages'])} spans"
+        time.sleep(0.2)
+    return spans
 
 
 @pytest.fixture(scope="module")
 def workers2(tmp_path_factory):
+    receiver = OtlpReceiver()
+    receiver.start_http()
+    env = {"SGLANG_MMTRACE_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.http_port}"}
     args = (*DEMO_SERVER_ARGS, "--tokenizer-worker-num", "2")
-    with start_server(tmp_path_factory, "tokenizer-workers-2", server_args=args) as srv:
-        yield srv
+    try:
+        with start_server(tmp_path_factory, "tokenizer-workers-2", env=env, server_args=args, launcher=True) as srv:
+            yield srv, receiver
+    finally:
+        receiver.stop()
 
 
-def test_two_tokenizer_workers_serve_warn_once_and_say_what_is_recorded(workers2):
-    rids = [f"tw2-{k}-{time.time_ns()}" for k in range(6)]
-    for rid in rids:
-        status, raw = post(workers2.port, chat_body(rid, "Tokenizer workers: say something short."))
-        assert status == 200 and sse_usage(raw), raw[:300]
-    time.sleep(Config.from_env().grace_s + 3)
-    recorded = {r["rid"] for r in read_records(workers2.jsonl_path)} & set(rids)
-    print(f"--tokenizer-worker-num 2: {len(recorded)} of {len(rids)} requests recorded")
-    warnings = [line for line in plugin_lines(workers2) if "--tokenizer-worker-num 2" in line]
-    assert len(warnings) == 1, "\n".join(plugin_lines(workers2))
-    assert not recorded, f"records joined after all ({len(recorded)}): the warning and README are wrong"
+def test_two_tokenizer_workers_under_the_launcher_record_every_request_once(workers2):
+    """Requests in parallel until both workers served some (at most 24): each has one complete record
+    (coverage >= 0.95) and one trace whose API spans carry the pid of one of the two workers."""
+    srv, receiver = workers2
+    workers = {int(key.partition(":")[2]) for key in state(srv)["peers"] if key.startswith("api:")}
+    deadline = time.monotonic() + 120
+    while len(workers) < 2 and time.monotonic() < deadline:  # a worker joins once uvicorn started it
+        time.sleep(1)
+        workers = {int(key.partition(":")[2]) for key in state(srv)["peers"] if key.startswith("api:")}
+    assert len(workers) == 2, f"API peers: {list(state(srv)['peers'])}"
+
+    def send(k: int) -> str:
+        rid = f"tw2-{k}-{time.time_ns()}"
+        image = data_url(make_image(64, 64, seed=8800 + k))
+        status, raw = post(srv.port, chat_body(rid, messages=[image_message("Workers: what is shown?", [image])]))
+        assert status == 200 and sse_usage(raw), raw[:500]
+        return rid
+
+    served: dict[str, int] = {}
+    with ThreadPoolExecutor(4) as pool:
+        for batch in range(6):
+            rids = list(pool.map(send, range(4 * batch, 4 * batch + 4)))
+            recs = records(srv, rids, timeout=60)  # exactly one record per rid, or it fails
+            for rid in rids:
+                rec = recs[rid]
+                assert rec["status"] == "ok" and rec["coverage"] >= 0.95, rec
+                names = {s["name"] for s in rec["stages"]}
+                assert {"request", "http.parse", "tokenize", "mm.process", "scheduler.queue", "model.vision_encoder",
+                        "detokenize", "response.first_chunk"} <= names, sorted(names)  # fmt: skip
+                spans = _spans_of(receiver, rec)
+                assert len({s.span_id for s in spans}) == len(rec["stages"]), rid  # one trace, a span per stage
+                pids = {s.resource.get("process.pid") for s in spans if s.resource.get("sglang.process") == "api"}
+                assert len(pids) == 1 and pids <= workers, f"{rid}: api spans from {pids}, workers {workers}"
+                served[rid] = pids.pop()
+            if set(served.values()) == workers:
+                break
+    per_worker = {pid: sum(1 for p in served.values() if p == pid) for pid in workers}
+    print(f"--tokenizer-worker-num 2 under the launcher: {len(served)} records; requests per worker {per_worker}")
+    assert set(served.values()) == workers, f"only worker(s) {set(served.values())} served: {per_worker}"
+    assert not [line for line in plugin_lines(srv) if "--tokenizer-worker-num" in line], "\n".join(plugin_lines(srv))
+
+
+def test_a_flip_sent_to_one_worker_reaches_the_other(workers2):
+    """``POST /mmtrace/enabled`` lands on one worker; the other applies and confirms it through its outbox."""
+    srv, _ = workers2
+    workers = {int(key.partition(":")[2]) for key in state(srv)["peers"] if key.startswith("api:")}
+    for on in (False, True):
+        status, answer = flip(srv.port, {"on": on})
+        assert status == 200, answer  # 200: every process confirmed
+        api = {int(key.partition(":")[2]) for key in answer["processes"] if key.startswith("api:")}
+        assert api == workers and len(workers) == 2, answer
+        assert all(p["on"] is on and p["generation"] == answer["generation"] for p in answer["processes"].values())
 
 
 # -- --dp-size 2: two scheduler processes behind one API process ---------------------------------

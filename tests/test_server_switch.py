@@ -15,7 +15,7 @@ import time
 
 import pytest
 from conftest import read_records, records, server_context, state
-from reliability import chat_body, post, send_image_requests, settled_state, sse_usage
+from reliability import chat_body, flip, post, send_image_requests, settled_state, sse_usage
 
 from sglang_mmtrace import switch
 from sglang_mmtrace.harness import data_url, image_message, make_image
@@ -23,17 +23,6 @@ from sglang_mmtrace.harness import data_url, image_message, make_image
 pytestmark = pytest.mark.server
 
 PROCESSES = {"api", "collector", "scheduler", "detokenizer"}
-
-
-def flip(port: int, body: object) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        raw = json.dumps(body).encode() if not isinstance(body, bytes) else body
-        conn.request("POST", "/mmtrace/enabled", body=raw, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        return resp.status, json.loads(resp.read())
-    finally:
-        conn.close()
 
 
 def kinds(answer: dict) -> set[str]:

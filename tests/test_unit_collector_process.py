@@ -53,9 +53,11 @@ class ListSink:
 
     def __init__(self) -> None:
         self.records: list[dict] = []
+        self.pids: list[dict[str, int]] = []
 
     def emit(self, record, ctx) -> None:
         self.records.append(record)
+        self.pids.append(ctx.pids)
 
 
 @pytest.fixture
@@ -107,7 +109,29 @@ def test_record_joins_api_trace_and_peer_events(collector):
     st = admin_request(col.admin_address, ("state",))
     assert st["api"]["records"] == 1 and st["api"]["finishing"] == 0 and st["api"]["remote_pending"] == 0
     assert st["api"]["errors"] == {"x": 1} and st["peers"]["scheduler:7"]["dropped"] == {"outbox": 2}
-    assert col._pids([])["api"] == 11
+    assert sink.pids == [{"api": 11, "scheduler": 7}]  # the pids of the processes that sent its parts
+
+
+def test_each_record_names_the_api_process_that_served_it(collector):
+    """Tokenizer workers (``--tokenizer-worker-num`` > 1): several API processes ship to one collector."""
+    col, sink, push = collector
+    for pid, rid in ((21, "w1"), (22, "w2"), (21, "w3")):
+        push.send(pickle.dumps(("api", "api", pid, ([to_wire(_trace(rid, False))], None))))
+    _wait(lambda: len(sink.records) == 3)
+    assert {r["rid"]: p["api"] for r, p in zip(sink.records, sink.pids, strict=True)} == {"w1": 21, "w2": 22, "w3": 21}
+
+
+def test_a_joined_workers_counters_come_from_its_heartbeats_only(collector):
+    """A worker with an outbox (peer ``api:<pid>``) also sends its health with its requests: counted once."""
+    col, sink, push = collector
+    push.send(pickle.dumps(("hb", "api", 31, {"errors": {"w": 2}, "dropped": {}})))
+    sample = {"preprocess": {"used_bytes": 5}}
+    health = {"errors": {"w": 2}, "dropped": {}, "occupancy": sample}
+    push.send(pickle.dumps(("api", "api", 31, ([to_wire(_trace("w4", False))], health))))
+    _wait(lambda: sink.records)
+    st = admin_request(col.admin_address, ("state",))
+    assert st["api"]["errors"] == {} and st["peers"]["api:31"]["errors"] == {"w": 2}
+    assert col._occupancy()[31] == sample and sink.pids == [{"api": 31}]
 
 
 def test_discarded_request_leaves_no_record_and_no_pending_events(collector):

@@ -1,10 +1,12 @@
-"""The demo's closing lines: where each request kind's TTFT went and what the caches saved."""
+"""The demo: its closing lines (where each request kind's TTFT went and what the caches saved) and the
+SGLang flags it passes to its server."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sglang_mmtrace.cli.demo import KINDS, findings
+from sglang_mmtrace.cli import demo, main
+from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS, KINDS, findings
 
 
 def _group(ttft_ms: float, stages_ms: dict[str, float]) -> dict[str, Any]:
@@ -33,3 +35,15 @@ def test_findings_name_the_leading_leaf_stages_and_what_a_cache_skipped():
         "model.vision_encoder 35.0 ms)"
     )
     assert lines[2].endswith("+1.0 ms against a new image (nothing skipped)")
+
+
+def test_flags_after_the_double_dash_go_to_the_server(monkeypatch):
+    seen = []
+    monkeypatch.setattr(demo, "run", lambda args: seen.append(args) or 0)
+    assert main.main(["demo", "--serve-only", "--", "--tokenizer-worker-num", "2"]) == 0
+    assert seen[0].serve_only and demo.server_args(seen[0].server_args) == (
+        *DEMO_SERVER_ARGS,
+        "--tokenizer-worker-num",
+        "2",
+    )
+    assert main.main(["demo"]) == 0 and demo.server_args(seen[1].server_args) == DEMO_SERVER_ARGS

@@ -145,7 +145,9 @@ def test_sglang_services_serve_metrics_where_prometheus_scrapes():
     # the plugin's own port (exemplars need it: SGLang serves /metrics in multiprocess mode), relabelled
     # to SGLang's instance so the dashboard's instance filter matches both jobs
     env = svcs["sglang"]["environment"]
-    assert env["SGLANG_MMTRACE_EXEMPLARS"] == "1" and svcs["sglang-cpu"]["environment"]["SGLANG_MMTRACE_EXEMPLARS"] == "1"
+    assert (
+        env["SGLANG_MMTRACE_EXEMPLARS"] == "1" and svcs["sglang-cpu"]["environment"]["SGLANG_MMTRACE_EXEMPLARS"] == "1"
+    )
     assert plugin_job["static_configs"][0]["targets"] == [f"sglang:{env['SGLANG_MMTRACE_METRICS_PORT']}"]
     assert plugin_job["relabel_configs"] == [{"target_label": "instance", "replacement": f"sglang:{PORT}"}]
     assert "--enable-feature=exemplar-storage" in svcs["prometheus"]["command"]

@@ -102,3 +102,30 @@ def test_a_scheduler_outbox_stops_with_uninstall_and_a_reinstall_starts_one(api_
     assert runtime.outbox is not None and runtime.outbox is not outbox and len(outbox_threads()) == before + 1
     plugin.uninstall()
     assert len(outbox_threads()) == before
+
+
+def test_a_tokenizer_worker_joins_its_parents_collector_and_leaves_it_running(api_install, monkeypatch, tmp_path):
+    """``install(API, join=True)`` (the launcher, in a uvicorn worker) with a live owner: no collector of
+    its own, an outbox for the switch; uninstall leaves the owner's addresses. Without ``join`` (SGLang's
+    loader, e.g. a server started from a process that holds a collector) it starts its own."""
+    addresses = {
+        plugin.ev.SGLANG_MMTRACE_COLLECTOR: f"ipc://{tmp_path}/events",
+        plugin.ev.SGLANG_MMTRACE_CONTROL: f"ipc://{tmp_path}/control",
+        plugin.ev.SGLANG_MMTRACE_ADMIN: f"ipc://{tmp_path}/admin",
+        plugin.ev.SGLANG_MMTRACE_COLLECTOR_OWNER: str(os.getppid()),
+    }
+    for name, value in addresses.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(runtime, "outbox", None)
+    assert plugin.install(role=plugin.API, join=True) == plugin.API
+    assert (
+        runtime.collector.process is None and runtime.collector.address == addresses[plugin.ev.SGLANG_MMTRACE_COLLECTOR]
+    )
+    assert runtime.outbox is not None and runtime.outbox.control_address == addresses[plugin.ev.SGLANG_MMTRACE_CONTROL]
+    plugin.uninstall()
+    assert runtime.outbox is None and all(os.environ[k] == v for k, v in addresses.items())
+
+    assert plugin.install(role=plugin.API) == plugin.API
+    assert runtime.collector.process is not None and os.environ[plugin.ev.SGLANG_MMTRACE_COLLECTOR_OWNER] == str(
+        os.getpid()
+    )

@@ -10,7 +10,7 @@ import pytest
 
 from sglang_mmtrace import telemetry
 from sglang_mmtrace.manifest import load
-from sglang_mmtrace.plugin import tokenizer_workers
+from sglang_mmtrace.plugin import multi_tokenizer_warning, tokenizer_workers
 from sglang_mmtrace.sinks.jsonl import JsonlSink
 
 
@@ -71,3 +71,10 @@ def test_tokenizer_workers_from_argv():
     assert tokenizer_workers(["launch", "--tokenizer-worker-num", "2"]) == 2
     assert tokenizer_workers(["launch", "--tokenizer-worker-num=4"]) == 4
     assert tokenizer_workers(["launch", "--port", "30000"]) == 1
+
+
+def test_multi_tokenizer_warning_only_outside_the_launcher():
+    argv = ["launch", "--tokenizer-worker-num", "2"]
+    assert "sglang-mmtrace run" in multi_tokenizer_warning(argv, {})
+    assert multi_tokenizer_warning(argv, {"SGLANG_MMTRACE_LAUNCHER": "1"}) is None
+    assert multi_tokenizer_warning(["launch"], {}) is None

@@ -28,6 +28,14 @@ DEMO_SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")
 KINDS = ("new image", "same image again", "different image, same question", "same image, question first")
 
 
+def server_args(extra: list[str]) -> tuple[str, ...]:
+    """The demo server's SGLang flags: its own, then the user's (given after ``--``; later flags win).
+
+    The server starts under the launcher (``sglang-mmtrace run``), so flags that add processes SGLang
+    loads no plugin in (``--tokenizer-worker-num 2``) are traced too."""
+    return (*DEMO_SERVER_ARGS, *(a for a in extra if a != "--"))
+
+
 def reference_requests(round_no: int) -> list[tuple[str, list[dict[str, Any]]]]:
     from ..harness import data_url, image_message, make_image
 
@@ -175,7 +183,8 @@ def _run(args: argparse.Namespace, jsonl: str, info: Any) -> int:
             flush=True,
         )
 
-    with CpuServer(port=args.port, jsonl_path=jsonl, server_args=DEMO_SERVER_ARGS, progress=progress) as server:
+    flags = server_args(args.server_args)
+    with CpuServer(port=args.port, jsonl_path=jsonl, server_args=flags, launcher=True, progress=progress) as server:
         print(f"server healthy at {server.base_url} after {server.startup_seconds:.1f} s", file=info, flush=True)
         assert server.log_path is not None  # chosen by start()
         plugin_lines = PluginLines(server.log_path)

@@ -222,7 +222,14 @@ def _configuration() -> None:
         if v.documented:
             print(f"    {v.name:32} {_shown(v)}")
     print("limits:")
-    print("    --tokenizer-worker-num > 1: not supported (no records or traces for requests served by the workers)")
+    print(
+        "    --tokenizer-worker-num > 1: needs `sglang-mmtrace run -- ...` (SGLang loads no plugin in the workers;"
+        " under the launcher each request served by any worker gets its record and trace)"
+    )
+    print(
+        "    sglang.Engine (offline, no HTTP): records from the generate/async_generate call; sglang_mmtrace.install()"
+        " is not needed (the Engine loads the plugin)"
+    )
     print(
         "    --dp-size > 1: works on the CPU build (one API process; each record joins the scheduler that served it); not tried on GPUs"
     )

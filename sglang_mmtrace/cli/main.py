@@ -1,5 +1,6 @@
-"""``sglang-mmtrace``: doctor, demo, report, nsys, bench.
+"""``sglang-mmtrace``: run, doctor, demo, report, nsys, bench.
 
+- ``run`` (``run -- <command>``): run an SGLang server with the plugin installed in every one of its processes.
 - ``doctor``: what the plugin would hook on the installed SGLang, its configuration and limits.
 - ``demo``: the real SGLang server on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed.
 - ``report``: per-stage tables from a records JSONL (``--html``, ``--chrome-trace``); ``--compare
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
 
+    run = sub.add_parser("run", help="run -- python -m sglang.launch_server ...: the plugin in every server process")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the server's command line, after --")
     doctor = sub.add_parser("doctor", help="SGLang version, stage -> target -> resolved?, live sinks")
     doctor.add_argument(
         "--matrix", action="store_true", help="every supported release x stage, checked in its wheel (downloads)"
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--jsonl", default=None, help="where the server writes records (default: a temp file)")
     demo.add_argument("--rounds", type=int, default=5, help="rounds of the four reference requests")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.add_argument("server_args", nargs="*", help="SGLang server flags for the demo's server, after --")
 
     from . import report as report_cli
 
@@ -57,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     args = parser.parse_args(argv)
+    if args.cmd == "run":
+        from ..launcher import run as launch
+
+        return launch(args.command)
     if args.cmd == "doctor":
         from .doctor import run
 

@@ -94,7 +94,8 @@ class CpuServer:
 
     Use ``with CpuServer(...) as srv: stream_chat(srv.base_url, ...)``. ``plugin_enabled`` maps to
     ``SGLANG_MMTRACE=1/0`` and ``jsonl_path`` to ``SGLANG_MMTRACE_JSONL``; ``env`` is applied last,
-    so a test can override anything.
+    so a test can override anything. ``launcher=True`` starts it under ``sglang-mmtrace run`` (the plugin in
+    every server process, e.g. the tokenizer workers of ``--tokenizer-worker-num``).
     """
 
     def __init__(
@@ -109,6 +110,7 @@ class CpuServer:
         health_timeout: float = DEFAULT_HEALTH_TIMEOUT_S,
         stop_timeout: float = 20.0,
         progress: Callable[[float, str], None] | None = None,
+        launcher: bool = False,
     ) -> None:
         self.port: int = port
         self.extra_env: dict[str, str] = dict(env or {})
@@ -124,6 +126,7 @@ class CpuServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
         self.progress = progress  # called every PROGRESS_S while starting: (seconds, the log's last lines)
+        self.launcher = launcher
 
     # -- public API -------------------------------------------------------------------------
 
@@ -136,10 +139,14 @@ class CpuServer:
 
     def command(self) -> list[str]:
         """The exact launch command (without environment), for logs and debugging."""
+        run = [sys.executable, "-m", "sglang_mmtrace.cli.main", "run", "--"] if self.launcher else []
+        return [*run, sys.executable, "-m", "sglang.launch_server", *self.server_flags()]
+
+    def server_flags(self) -> list[str]:
+        """SGLang's server arguments for the CPU run (also what the offline Engine is built from)."""
         if self.model_path is None:
-            raise RuntimeError("model not prepared yet; call start() first")
+            raise RuntimeError("model not prepared yet; call start() or prepare() first")
         return [
-            sys.executable, "-m", "sglang.launch_server",
             "--model-path", str(self.model_path),
             "--device", "cpu",
             "--host", "127.0.0.1",
@@ -170,6 +177,9 @@ class CpuServer:
                 # sglang_mmtrace source as the test process (editable install or not).
                 "PYTHONPATH": _prepend_path(f"{SHIMS_DIR}{os.pathsep}{_PROJECT_ROOT}", env.get("PYTHONPATH")),
                 "PYTHONUNBUFFERED": "1",
+                # With --tokenizer-worker-num > 1 uvicorn kills a worker that misses its pings this long;
+                # importing SGLang on a busy 2-core machine can hold the GIL longer than the default 10 s.
+                "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT": "120",
             }
         )
         if self.jsonl_path is not None:
@@ -181,6 +191,10 @@ class CpuServer:
         """Prepare model and stub, launch the server, and block until it answers /health."""
         if self.process is not None:
             raise RuntimeError("server already started")
+        return self._launch(self.prepare())
+
+    def prepare(self) -> dict[str, str]:
+        """Build the model and the stub, pick the port and the log file; returns the child environment."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.model_path = ensure_tiny_model(self.cache_dir)
         stub_dir = build_cuda_stub(self.cache_dir)
@@ -192,8 +206,7 @@ class CpuServer:
             self.log_path = Path(name)
         else:
             self.log_path = self._log_path_arg  # _launch creates its folder
-
-        return self._launch(self.environment(stub_dir))
+        return self.environment(stub_dir)
 
     def _launch(self, env: dict[str, str]) -> CpuServer:
         """Start ``command()`` in its own session, logging to ``log_path``; wait for /health or stop it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .api import (
     cuda_ipc_pool,
     detokenizer_legacy,
+    engine,
     http_server,
     mm_processor,
     mm_processor_legacy,
@@ -40,6 +41,7 @@ the hook code."""
 for _module in (
     http_server,
     openai_serving,
+    engine,
     tokenizer_manager,
     mm_processor,
     transport,

@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import switch, telemetry
 from .collector import ipc_address
-from .context import LIVE, ApiTrace, HttpCtx, to_wire
+from .context import LIVE, ApiTrace, EngineCall, HttpCtx, to_wire
 
 HEALTH_EVERY_S = 0.5
 """How often the API process's own counters ride along with a finished request."""
@@ -35,20 +35,27 @@ _metrics = switch.gate("prometheus")
 
 
 class CollectorClient:
-    def __init__(self, sglang_version: str) -> None:
+    """``CollectorClient(version)`` starts the collector process; ``attach`` joins one that another
+    API process started (SGLang's tokenizer workers), which it then neither owns nor stops."""
+
+    def __init__(self, sglang_version: str | None, addresses: tuple[str, str, str] | None = None) -> None:
         import zmq
 
-        self.address = ipc_address("events")
-        self.control_address = ipc_address("control")
-        self.admin_address = ipc_address("admin")
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "sglang_mmtrace.join.collector",
-                "--events", self.address, "--control", self.control_address, "--admin", self.admin_address,
-                "--sglang-version", sglang_version, "--parent", str(os.getpid()),
-            ],
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        self.address, self.control_address, self.admin_address = addresses or (
+            ipc_address("events"),
+            ipc_address("control"),
+            ipc_address("admin"),
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        if sglang_version is not None:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "sglang_mmtrace.join.collector",
+                    "--events", self.address, "--control", self.control_address, "--admin", self.admin_address,
+                    "--sglang-version", sglang_version, "--parent", str(os.getpid()),
+                ],
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
         self._sock: Any = zmq.Context.instance().socket(zmq.PUSH)
         self._sock.setsockopt(zmq.SNDHWM, 10000)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -61,12 +68,22 @@ class CollectorClient:
         self._occupancy_timer: asyncio.TimerHandle | None = None
         self._occupancy_sent: Any = None
 
+    @classmethod
+    def attach(cls, address: str, control_address: str, admin_address: str) -> CollectorClient:
+        client = cls(None, (address, control_address, admin_address))
+        client._last_health = float("inf")  # its outbox's heartbeats carry this process's health
+        return client
+
     # -- request path (event loop) ---------------------------------------------------------------
     def finish(self, trace: ApiTrace) -> None:
         self._ship([trace])
 
     def finish_http(self, http: HttpCtx) -> None:
         self._ship(http.traces)
+
+    def finish_call(self, call: EngineCall) -> None:
+        """The offline Engine's ``generate`` returned: its requests are complete (or failed)."""
+        self._ship(call.traces)
 
     def _ship(self, traces: list[ApiTrace]) -> None:
         """Hand finished requests over; they leave ``LIVE`` now, whatever their status.
@@ -134,7 +151,8 @@ class CollectorClient:
                 self._tokenizer_manager = None
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the collector process (its sinks and metrics server with it) and close the socket.
+        """Stop the collector process if this client started it (its sinks and metrics server with it)
+        and close the socket.
 
         SIGTERM, as when the API process dies (``collector._die_with_parent``): requests still inside
         their grace window are not exported."""
@@ -144,7 +162,7 @@ class CollectorClient:
                 self._sock = None
         if self._occupancy_timer is not None:
             self._occupancy_timer.cancel()
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(timeout_s)

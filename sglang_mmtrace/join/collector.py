@@ -85,13 +85,14 @@ class Collector:
         self.address = address or ipc_address("events")
         self.control_address = control_address or ipc_address("control")
         self.admin_address = admin_address or ipc_address("admin")
-        self._waiting: list[tuple[float, ApiTrace]] = []
+        self._waiting: list[tuple[float, ApiTrace, int]] = []  # (deadline, trace, pid of its API process)
         self._remote: dict[str, list[StageEvent]] = {}
         self._remote_seen: dict[str, float] = {}
         self._done: dict[str, None] = {}
         self._peers: dict[str, dict[str, Any]] = {}
         self._watermarks: dict[str, tuple[float, float]] = {}  # peer -> (latest send time, when read here)
         self._api: dict[str, Any] = {}  # the API process's last health report
+        self._worker_occupancy: dict[int, Any] = {}  # tokenizer worker pid -> its last occupancy sample
         self.api_pid: int | None = None
         self._records = 0
         self._discarded = 0  # requests that crossed a switch flip: no record
@@ -242,10 +243,14 @@ class Collector:
             return
         if kind == "api":
             traces, health = body
-            self.api_pid = pid
-            if health is not None:
-                self._api.update(health)
-            self._on_traces([from_wire(w) for w in traces])
+            if f"api:{pid}" in self._peers:  # a tokenizer worker (launcher): its outbox's heartbeats carry its counters
+                if health is not None and health.get("occupancy"):
+                    self._worker_occupancy[pid] = health["occupancy"]
+            else:
+                self.api_pid = pid
+                if health is not None:
+                    self._api.update(health)
+            self._on_traces([from_wire(w) for w in traces], pid)
             return
         t = time.perf_counter()
         for rids, name, t0, t1, clock, attrs in body:
@@ -256,7 +261,7 @@ class Collector:
                 if name in LAST_REMOTE_STAGES:
                     self._remote_seen.setdefault(rid, t)  # the orphan clock starts here
 
-    def _on_traces(self, traces: list[ApiTrace]) -> None:
+    def _on_traces(self, traces: list[ApiTrace], pid: int | None = None) -> None:
         for trace in traces:
             if trace.discard or "records" not in self._setting_of(trace).enabled:
                 self._forget(trace.rid)
@@ -264,17 +269,17 @@ class Collector:
                 continue
             # ended: waits until complete or caught up (``_caught_up``), this long at most
             wait = (MAX_WAIT_S if _ended(trace) is not None else self.cfg.grace_s) if trace.dispatched else 0.0
-            self._waiting.append((time.perf_counter() + wait, trace))
+            self._waiting.append((time.perf_counter() + wait, trace, pid or self.api_pid or os.getpid()))
 
     def _flush_ready(self, t: float) -> None:
         keep = []
-        for deadline, trace in self._waiting:
+        for deadline, trace, pid in self._waiting:
             remote = self._remote.get(trace.rid, ())
             complete = not trace.dispatched or all(any(e.name == n for e in remote) for n in self._last_stages())
             if complete or self._caught_up(_ended(trace), t) or t >= deadline:
-                self._emit(trace)
+                self._emit(trace, pid)
             else:
-                keep.append((deadline, trace))
+                keep.append((deadline, trace, pid))
         self._waiting = keep
         if len(self._remote) > ORPHAN_MAX or (
             self._remote_seen and t - next(iter(self._remote_seen.values())) > ORPHAN_TTL_S
@@ -332,7 +337,7 @@ class Collector:
             del self._done[next(iter(self._done))]
         return remote
 
-    def _emit(self, trace: ApiTrace) -> None:
+    def _emit(self, trace: ApiTrace, api_pid: int) -> None:
         remote = self._forget(trace.rid)
         if trace.http is not None and trace.http.internal:
             return
@@ -345,7 +350,7 @@ class Collector:
             record["occupancy"] = self.occupancy  # as last sampled (``_sync_health``): report's occupancy rows
         self._records += 1
         parent = trace.sglang_traceparent or (trace.http.traceparent if trace.http is not None else None)
-        ctx = EmitContext(parent, self._pids(remote))
+        ctx = EmitContext(parent, self._pids(remote, api_pid))
         parts = self._setting_of(trace).enabled
         for sink in self.sinks:
             if sink.PART not in parts:
@@ -355,10 +360,11 @@ class Collector:
             except Exception as exc:
                 telemetry.contained(f"sink.{type(sink).__name__}", exc)
 
-    def _pids(self, remote: list[StageEvent]) -> dict[str, int]:
+    def _pids(self, remote: list[StageEvent], api_pid: int) -> dict[str, int]:
         """Process kind -> pid for this request: the process that sent its events (with ``--dp-size``
-        > 1 each request has its own scheduler), else the first peer of that kind."""
-        pids = {"api": self.api_pid or os.getpid()}
+        > 1 each request has its own scheduler, with ``--tokenizer-worker-num`` > 1 its own API
+        process), else the first peer of that kind."""
+        pids = {"api": api_pid}
         for e in remote:
             if e.pid is not None:
                 pids.setdefault(e.process, e.pid)
@@ -400,6 +406,7 @@ class Collector:
         for key, hb in self._peers.items():
             if hb.get("occupancy"):
                 out[int(key.partition(":")[2])] = hb["occupancy"]
+        out.update(self._worker_occupancy)
         api_pid = self.api_pid or self.parent_pid
         if api_pid is not None:
             out[api_pid] = {**(self._api.get("occupancy") or {}), **occupancy.shm_sample(api_pid)}

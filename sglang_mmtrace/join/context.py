@@ -129,6 +129,19 @@ class ApiTrace:
 current_http: contextvars.ContextVar[HttpCtx | None] = contextvars.ContextVar("mmtrace_http", default=None)
 current_trace: contextvars.ContextVar[ApiTrace | None] = contextvars.ContextVar("mmtrace_trace", default=None)
 
+
+class EngineCall:
+    """One offline ``sglang.Engine.generate``/``async_generate`` call: its requests' root starts here."""
+
+    __slots__ = ("t_call", "traces")
+
+    def __init__(self, t_call: float) -> None:
+        self.t_call = t_call
+        self.traces: list[ApiTrace] = []
+
+
+current_call: contextvars.ContextVar[EngineCall | None] = contextvars.ContextVar("mmtrace_call", default=None)
+
 LIVE: dict[str, ApiTrace] = {}
 """rid -> trace, for hooks that run outside the request's task (output handling)."""
 

@@ -147,12 +147,11 @@ def install() -> None:
 
 
 def _chain_next_sitecustomize() -> None:
-    """Run the ``sitecustomize`` this file shadows on ``PYTHONPATH``, if there is one."""
+    """Run the ``sitecustomize`` this file shadows: the next one on ``sys.path`` after this folder, if any
+    (not an earlier one: ``sglang-mmtrace run`` puts its own first and chains to this one)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for entry in sys.path:
-        folder = os.path.abspath(entry or os.getcwd())
-        if folder == here:
-            continue
+    folders = [os.path.abspath(entry or os.getcwd()) for entry in sys.path]
+    for folder in folders[folders.index(here) + 1 :] if here in folders else ():
         candidate = os.path.join(folder, "sitecustomize.py")
         if os.path.isfile(candidate):
             spec = importlib.util.spec_from_file_location("_mmtrace_chained_sitecustomize", candidate)

@@ -7,30 +7,34 @@ from dataclasses import replace
 from typing import Any
 
 from ... import config, runtime, telemetry
-from ...join.context import LIVE, ApiTrace, current_http, current_trace
+from ...join.context import LIVE, ApiTrace, current_call, current_http, current_trace
 from ..base import Enter, Exit, HookSpec, arg, before, interval, now
 
 
 def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     http = current_http.get()
-    if http is None or exc is not None:
-        return  # not an HTTP request (e.g. the offline Engine API): untraced for now
+    call = current_call.get() if http is None else None  # the offline Engine: its generate call
+    owner = http or call
+    if owner is None or exc is not None:
+        return  # neither an HTTP request nor an Engine call (e.g. a streamed Engine request): untraced
     obj = arg(args, kwargs, 0, "obj")
     rids = obj.rid if isinstance(obj.rid, list) else [obj.rid]
     model = getattr(instance, "served_model_name", None) or ""
     capture = config.get().capture_content
     # SGLang's own start-up request runs while its server status is still "Starting"
-    warmup = http.warmup or getattr(getattr(instance, "server_status", None), "name", None) == "Starting"
+    warmup = (http is not None and http.warmup) or getattr(
+        getattr(instance, "server_status", None), "name", None
+    ) == "Starting"
     for i, rid in enumerate(rids):
         if rid is None or rid in LIVE:
             continue
-        trace = ApiTrace(rid, http, model, t1)
+        trace = ApiTrace(rid, http, model, t1 if call is None else call.t_call)
         trace.sglang_traceparent = _sglang_traceparent(instance, rid)
         trace.warmup = warmup
         if capture:
             trace.content = _content(instance, obj, i if isinstance(obj.rid, list) else None)
         LIVE[rid] = trace
-        http.traces.append(trace)
+        owner.traces.append(trace)
 
 
 def _content(instance: Any, obj: Any, i: int | None) -> dict[str, Any]:
