@@ -200,8 +200,9 @@ class CollectorClient:
     def start_metrics(self, enable_metrics: bool, port: int, tokenizer_manager: Any = None) -> None:
         """Called once SGLang's server args are known (TokenizerManager built): pick where metrics go.
 
-        With ``--enable-metrics`` SGLang has set ``PROMETHEUS_MULTIPROC_DIR`` by now: our metrics join
-        its ``/metrics``. Without it, the collector serves its own registry on ``port``. The occupancy
+        ``enable_metrics`` (SGLang's ``--enable-metrics``, unless ``SGLANG_MMTRACE_EXEMPLARS`` asks for the
+        plugin's own port): SGLang has set ``PROMETHEUS_MULTIPROC_DIR`` by now and our metrics join its
+        ``/metrics``. Otherwise the collector serves its own registry on ``port``. The occupancy
         of ``tokenizer_manager``'s caches is then sampled on a timer of the serving loop."""
         if self.metrics_started:
             return
