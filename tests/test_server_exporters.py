@@ -403,12 +403,8 @@ def test_otlp_traceparent_is_continued(otlp_exchanges, http_receiver, server_a):
 @pytest.fixture(scope="module")
 def prometheus(server_a, tmp_path_factory):
     require_tools()
-    prom = PrometheusServer(f"127.0.0.1:{server_a.port}", tmp_path_factory.mktemp("prometheus"))
-    prom.start()
-    try:
+    with PrometheusServer(f"127.0.0.1:{server_a.port}", tmp_path_factory.mktemp("prometheus")) as prom:
         yield prom
-    finally:
-        prom.stop()
 
 
 @dataclass

@@ -45,12 +45,10 @@ def small_cache_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def prometheus(small_cache_server, tmp_path_factory):
     require_tools()
-    prom = PrometheusServer(f"127.0.0.1:{small_cache_server.port}", tmp_path_factory.mktemp("prometheus-occupancy"))
-    prom.start()
-    try:
+    with PrometheusServer(
+        f"127.0.0.1:{small_cache_server.port}", tmp_path_factory.mktemp("prometheus-occupancy")
+    ) as prom:
         yield prom
-    finally:
-        prom.stop()
 
 
 def occupancy_on_metrics(server) -> dict[tuple[str, str], float]:

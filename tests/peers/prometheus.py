@@ -138,6 +138,12 @@ class PrometheusServer:
                 raise TimeoutError(f"prometheus not ready after {timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(0.25)
 
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         proc = self.process
         if proc is None:
