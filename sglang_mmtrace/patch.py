@@ -5,8 +5,8 @@ target (function, method, static or class method) is replaced by a plain closure
 a coroutine target by a ``wrapt.FunctionWrapper``, which keeps the coroutine kind visible to
 ``inspect`` on every Python version. Why not wrapt everywhere: in a server a hook runs with cold CPU
 caches (SGLang's own work runs between two of its calls), and there wrapt's proxy objects cost more
-than the hook: per call, cold, a wrapt wrapper added 32 µs and the closure 18 µs to an interval hook
-(20 vs 10 µs with the switch off); on the H200 the hooks' cold cost was most of the plugin's TTFT
+than the hook: per call, cold, a wrapt wrapper added 28 µs and the closure 19 µs to an interval hook
+(17 vs 8 µs with the switch off; ``benchmarks/cold_wrappers.py``); on the H200 the hooks' cold cost was most of the plugin's TTFT
 cost (``benchmarks/hotpath.py --cold``). Both keep the signature (``__wrapped__``) and the switch's
 gate (``enabled``, tested before the hook runs).
 

@@ -201,6 +201,13 @@ def push_batch_range(component: str, stage: str, rids: tuple[str, ...]) -> bool:
         return False
 
 
+def error_class(exc: BaseException) -> str:
+    """The class of an exception a request failed with, as records name it: ``ValueError`` for builtins,
+    ``module.Class`` otherwise (the class name only, never the message: it may quote the prompt)."""
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
 def arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
     """A wrapped call's argument by position or keyword (positions exclude ``self``)."""
     if len(args) > index:

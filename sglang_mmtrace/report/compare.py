@@ -34,6 +34,7 @@ from ..stages import DISPLAY_ORDER, ROOT
 from .analysis import (
     CACHES,
     cache_ratios,
+    format_ms,
     format_ratio,
     group_records,
     is_ok,
@@ -142,10 +143,6 @@ def compare(
     }
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f}"
-
-
 def format_ci(ci: list[float] | None) -> str:
     """``[+1.20, +3.40]`` in ms, or ``-`` without an interval."""
     return "-" if ci is None else f"[{ci[0] * 1e3:+.2f}, {ci[1] * 1e3:+.2f}]"
@@ -167,8 +164,8 @@ def format_compare(comparison: dict[str, Any], base_label: str, new_label: str) 
         lines += [
             f"== {name}  (n={g['n']['base']} vs {g['n']['new']}"
             + (f"; failed {failed[0]} vs {failed[1]})" if any(failed) else ")"),
-            f"   TTFT p50 {_ms(t['base_p50'])} -> {_ms(t['new_p50'])} ms: {t['delta_p50'] * 1e3:+.2f} ms"
-            f" {format_ci(t['ci'])} {t['verdict']}; p95 {_ms(t['base_p95'])} -> {_ms(t['new_p95'])} ms",
+            f"   TTFT p50 {format_ms(t['base_p50'], 2)} -> {format_ms(t['new_p50'], 2)} ms: {t['delta_p50'] * 1e3:+.2f} ms"
+            f" {format_ci(t['ci'])} {t['verdict']}; p95 {format_ms(t['base_p95'], 2)} -> {format_ms(t['new_p95'], 2)} ms",
             f"   coverage median {g['coverage_p50']['base']:.3f} -> {g['coverage_p50']['new']:.3f}",
             "   cache hits: "
             + ", ".join(
@@ -183,8 +180,8 @@ def format_compare(comparison: dict[str, Any], base_label: str, new_label: str) 
                 lines.append("   -- stages that contain the ones above (their delta includes their children's):")
             present = f"{s['present']['base']}/{s['present']['new']}"
             lines.append(
-                f"   {s['stage']:<30}{_ms(s['base_p50']):>9}{_ms(s['new_p50']):>9}{s['delta_p50'] * 1e3:>+9.2f}"
-                f"  {format_ci(s['ci']):<18}{_ms(s['base_p95']):>9}{_ms(s['new_p95']):>9}{present:>9}  {s['verdict']}"
+                f"   {s['stage']:<30}{format_ms(s['base_p50'], 2):>9}{format_ms(s['new_p50'], 2):>9}{s['delta_p50'] * 1e3:>+9.2f}"
+                f"  {format_ci(s['ci']):<18}{format_ms(s['base_p95'], 2):>9}{format_ms(s['new_p95'], 2):>9}{present:>9}  {s['verdict']}"
             )
         lines.append("")
     for key, side in (("only_base", "BASE"), ("only_new", "NEW")):

@@ -12,7 +12,7 @@ from typing import Any
 
 from ... import runtime
 from ...join.context import EngineCall, current_call, now
-from ..base import HookSpec, interval
+from ..base import HookSpec, error_class, interval
 
 
 def _enter(instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -29,10 +29,7 @@ def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         return
     for trace in call.traces:
         if exc is not None and trace.t_finished is None and trace.tm_error is None:
-            cls = type(exc)
-            trace.tm_error = (
-                cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-            )
+            trace.tm_error = error_class(exc)
     runtime.collector.finish_call(call)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ... import config, runtime, telemetry
 from ...join.context import LIVE, ApiTrace, current_call, current_http, current_trace
-from ..base import Enter, Exit, HookSpec, arg, before, interval, now
+from ..base import Enter, Exit, HookSpec, arg, before, error_class, interval, now
 
 
 def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -101,8 +101,7 @@ def _scope_exit(stage: str, then: Callable[[ApiTrace, BaseException | None], Non
 
 def _tokenized(trace: ApiTrace, exc: BaseException | None) -> None:
     if exc is not None:
-        cls = type(exc)
-        trace.error_class = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+        trace.error_class = error_class(exc)
 
 
 def _dispatched(trace: ApiTrace, exc: BaseException | None) -> None:
