@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Issue 14 on the H200 (SGLang 0.5.17, tiny Qwen3-VL): the resolution sweep with both feature
-# transports and the concurrency tail at 1/4/16/64 streams, each with its report --html.
+# Issue 14 on the H200 (SGLang 0.5.17, random-weight Qwen3-VL): the resolution sweep with both
+# feature transports and the concurrency tail at 1/4/16/64 streams, each with its report --html.
 #
-#   [RES_DEADLINE=EPOCH_S] [CONC_DEADLINE=EPOCH_S] benchmarks/gpu/analysis_017.sh OUTDIR [MODEL_DIR]
+#   [SHAPE=tiny|qwen3-vl-2b|qwen3-vl-4b] [RES_DEADLINE=EPOCH_S] [CONC_DEADLINE=EPOCH_S] \
+#     benchmarks/gpu/analysis_017.sh OUTDIR [MODEL_DIR]
+#
+# SHAPE (default tiny) is the model's shape, built into MODEL_DIR (default /tmp/<shape>) when missing.
 #
 # The deadlines (bench --deadline: no new request after it) keep both experiments inside one device call.
 # Runs after the three install steps of ../shared/gpu/README.md (env.sh sourced, the project's
@@ -11,14 +14,9 @@
 # here. Writes OUTDIR/{resolution,concurrency}.{jsonl,json,html,txt} and OUTDIR/timing.txt.
 set -uo pipefail
 out=${1:?usage: analysis_017.sh OUTDIR [MODEL_DIR]}
-model=${2:-/tmp/tiny-qwen3vl}
+model=${2:-/tmp/${SHAPE:-tiny}-qwen3vl}
 mkdir -p "$out"
-python3 -c "
-from pathlib import Path
-from sglang_mmtrace.harness.tiny_model import build_tiny_qwen3vl
-p = Path('$model')
-(p / 'config.json').exists() or build_tiny_qwen3vl(p)
-"
+python3 -m sglang_mmtrace.harness.random_model "$model" --shape "${SHAPE:-tiny}" || exit 3
 flags="--model-path $model $SGLANG_GPU_FLAGS"
 mm() { python3 -m sglang_mmtrace.cli.main "$@"; }
 

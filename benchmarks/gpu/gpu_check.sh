@@ -20,7 +20,7 @@ log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 python3 -c "import sglang, torch, importlib.metadata as m; print('sglang', m.version('sglang'), 'torch', torch.__version__)"
 MODEL=${MODEL:-/tmp/tiny-qwen3vl}
-[ -f "$MODEL/config.json" ] || python3 -c "from pathlib import Path; from sglang_mmtrace.harness.tiny_model import build_tiny_qwen3vl; build_tiny_qwen3vl(Path('$MODEL'))" || { log "model build failed"; exit 3; }
+python3 -m sglang_mmtrace.harness.random_model "$MODEL" || { log "model build failed"; exit 3; }
 drive() { python3 benchmarks/gpu/drive_017.py --model "$MODEL" --out "$OUT" --rounds "$ROUNDS" --deadline "$DEADLINE" "$@"; }
 server_log() { [ -f "/tmp/server_$1.log" ] && { echo "===== server_$1.log"; grep -aiE "mmtrace|transport|Traceback|Error|profil" "/tmp/server_$1.log" | grep -v "server_args=" | head -40; echo "----- tail"; tail -n 30 "/tmp/server_$1.log" | cut -c1-400; } >> "$OUT/server_logs.txt" 2>&1; }
 for phase in $PHASES; do

@@ -51,6 +51,7 @@ import sglang_mmtrace
 from sglang_mmtrace.bench import driver
 from sglang_mmtrace.bench.experiments import Options
 from sglang_mmtrace.bench.targets import LaunchConfig, launched
+from sglang_mmtrace.harness.random_model import ensure_model
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD_WAIT_S = 0.15  # a record is built ~50-100 ms after the response (other processes' events)
@@ -122,19 +123,12 @@ def stop_receiver(proc: subprocess.Popen[bytes] | None) -> None:
 PHASES = ("overhead", "ablation", "throughput", "crossover")
 
 
-def ensure_model(path: Path) -> Path:
-    if not (path / "config.json").exists():
-        from sglang_mmtrace.harness.tiny_model import build_tiny_qwen3vl
-
-        build_tiny_qwen3vl(path)
-    return path
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--deadline", type=float, default=time.time() + 540, help="epoch seconds (default now + 540)")
     ap.add_argument("--model", default=os.environ.get("MODEL", "/tmp/tiny-qwen3vl"))
+    ap.add_argument("--shape", default=os.environ.get("SHAPE", "tiny"), help="the model's shape, built when missing")
     ap.add_argument("--server-flags", default=os.environ.get("SGLANG_GPU_FLAGS", ""))
     ap.add_argument("--n", type=int, default=200, help="overhead: pairs per kind")
     ap.add_argument("--ablation-rounds", type=int, default=60, help="at most this many (fewer if time is short)")
@@ -180,7 +174,7 @@ def main() -> int:
         "args": vars(args),
     }
     log(f"sglang_mmtrace commit {info['mmtrace_commit']} from {info['sglang_mmtrace_file']}; sglang {info['sglang']}")
-    model = ensure_model(Path(args.model))
+    model = ensure_model(Path(args.model), args.shape)
     receiver, endpoint = start_receiver(out)
     info["otlp_endpoint"] = endpoint
     env = (

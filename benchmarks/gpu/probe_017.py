@@ -31,6 +31,7 @@ from sglang_mmtrace.bench.client import timed_chat
 from sglang_mmtrace.bench.overhead import Workload
 from sglang_mmtrace.bench.targets import LaunchConfig, default_config, launched
 from sglang_mmtrace.harness import SHIMS_DIR
+from sglang_mmtrace.harness.random_model import ensure_model
 from sglang_mmtrace.report.analysis import quantile
 
 PROBE = Path(__file__).resolve().parent / "probe"
@@ -108,11 +109,7 @@ def main() -> int:
         env["PYTHONPATH"] = os.pathsep.join((str(PROBE), str(SHIMS_DIR), os.environ.get("PYTHONPATH", "")))
         cfg = LaunchConfig("cpu demo config probed", default_config(False).args, env)
     else:
-        model = Path(args.model)
-        if not (model / "config.json").exists():
-            from sglang_mmtrace.harness.tiny_model import build_tiny_qwen3vl
-
-            build_tiny_qwen3vl(model)
+        model = ensure_model(Path(args.model))
         flags = (*shlex.split(args.server_flags), "--enable-metrics")
         cfg = LaunchConfig("h200 0.5.17 probed", ("--model-path", str(model), *flags), env)
     workload = Workload(seed=7, nonce=f"probe{int(time.time())}")  # the overhead bench's requests

@@ -27,6 +27,7 @@ from sglang_mmtrace.bench.client import timed_chat
 from sglang_mmtrace.bench.experiments import QUESTION
 from sglang_mmtrace.bench.targets import LaunchConfig, launched
 from sglang_mmtrace.harness import data_url, image_message, make_image
+from sglang_mmtrace.harness.random_model import ensure_model
 from sglang_mmtrace.report.analysis import quantile
 
 
@@ -46,11 +47,7 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model)
-    if not (model / "config.json").exists():
-        from sglang_mmtrace.harness.tiny_model import build_tiny_qwen3vl
-
-        build_tiny_qwen3vl(model)
+    model = ensure_model(Path(args.model))
     cfg = LaunchConfig(
         "h200 0.5.17", ("--model-path", str(model), *shlex.split(args.server_flags), "--enable-metrics"), {}
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..harness import data_url, image_message, make_image
+from ..harness.images import ImageFormat
 from ..switch import PARTS
 
 QUESTION = "What is in this image?"
@@ -43,7 +44,8 @@ DEFAULT_N = {"overhead": 200, "ablation": 60, "overhead-crossover": 50, "resolut
 RESOLUTION_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
 RESOLUTION_ASPECTS = ("1:1", "16:9", "9:16")
 RESOLUTION_KINDS = ("new", "repeated")
-# The overhead experiments' images: 640x480 JPEG (the others: --size, 512x512 PNG).
+# The overhead experiments' images: 640x480 JPEG; resolution: JPEG (a 4 MP PNG takes ~1 s to
+# encode, 0.15 s as JPEG, and photos arrive as JPEG); the others: --size, 512x512 PNG.
 OVERHEAD_SIZE = (640, 480)
 
 
@@ -130,11 +132,11 @@ class Images:
         w, h = self.opts.size or (512, 512)
         return data_url(self.encoded(w, h))
 
-    def encoded(self, width: int, height: int) -> bytes:
-        """The next distinct image of this stream at this size, PNG-encoded."""
+    def encoded(self, width: int, height: int, fmt: ImageFormat = "PNG") -> bytes:
+        """The next distinct image of this stream at this size, encoded as ``fmt``."""
         self.i += 1
         seed = (self.opts.seed * 7919 + zlib.crc32(self.tag.encode()) % 100_003 + self.i) & 0x7FFFFFFF
-        return make_image(width, height, seed, label=f"{self.opts.nonce} {self.tag} {self.i}")
+        return make_image(width, height, seed, fmt=fmt, label=f"{self.opts.nonce} {self.tag} {self.i}")
 
 
 def image_shape(long_edge: int, aspect: str) -> tuple[int, int]:
@@ -205,8 +207,8 @@ def resolution(opts: Options) -> list[Planned]:
     imgs = Images(opts, "res")
 
     def image(w: int, h: int) -> tuple[str, int]:
-        data = imgs.encoded(w, h)
-        return data_url(data), len(data)
+        data = imgs.encoded(w, h, "JPEG")
+        return data_url(data, "JPEG"), len(data)
 
     shapes = opts.resolution_shapes()
     repeated = {(w, h): image(w, h) for w, h, _ in shapes}

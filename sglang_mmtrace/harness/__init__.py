@@ -6,15 +6,15 @@ shims in ``shims/``; ``stream_chat`` talks to it with the stdlib only.
 """
 
 from .images import data_url, make_image
-from .server import DEFAULT_HEALTH_TIMEOUT_S, CpuServer, chat_request, image_message, stream_chat
-from .shims import CPU_SHIMS_ENV, SHIMS_DIR, build_cuda_stub
-from .tiny_model import (
+from .random_model import (
     BUILDER_VERSION,
     TOKEN_IDS,
-    build_tiny_qwen3vl,
+    build_qwen3vl,
     default_cache_dir,
     ensure_tiny_model,
 )
+from .server import DEFAULT_HEALTH_TIMEOUT_S, CpuServer, chat_request, image_message, stream_chat
+from .shims import CPU_SHIMS_ENV, SHIMS_DIR, build_cuda_stub
 
 __all__ = [
     "BUILDER_VERSION",
@@ -24,7 +24,7 @@ __all__ = [
     "TOKEN_IDS",
     "CpuServer",
     "build_cuda_stub",
-    "build_tiny_qwen3vl",
+    "build_qwen3vl",
     "chat_request",
     "data_url",
     "default_cache_dir",

@@ -3,7 +3,7 @@
 The server runs as ``python -m sglang.launch_server`` in its own session, so ``stop()`` can end
 the launcher *and* its scheduler/detokenizer children (they are spawned processes, not threads).
 Everything the CPU run needs (offline mode, CPU engine, stub libcuda, op placeholders) is set
-here and nowhere else; ``shims`` and ``tiny_model`` say why each piece exists.
+here and nowhere else; ``shims`` and ``random_model`` say why each piece exists.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+from .random_model import default_cache_dir, ensure_tiny_model
 from .shims import CPU_SHIMS_ENV, SHIMS_DIR, build_cuda_stub
-from .tiny_model import default_cache_dir, ensure_tiny_model
 
 DEFAULT_HEALTH_TIMEOUT_S: float = 240.0
 _PROJECT_ROOT: Path = Path(__file__).resolve().parents[2]  # folder holding sglang_mmtrace/

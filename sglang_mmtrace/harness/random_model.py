@@ -1,13 +1,22 @@
-"""Build a tiny random-weight Qwen3-VL offline, so the real SGLang server can run on CPU.
+"""Build a random-weight Qwen3-VL offline: tiny for the CPU server, real-size shapes for GPU timing.
 
-No model can be downloaded in tests, so the checkpoint is generated: real Qwen3-VL architecture
-and real special-token ids (SGLang's Qwen-VL code keys on them), but 2 layers of width 128 and a
-locally trained byte-level BPE tokenizer. Builds are deterministic for a given seed and library
-versions, and cached: a ``.complete`` marker written last tells a finished build from a partial.
+No model can be downloaded, so the checkpoint is generated: real Qwen3-VL architecture and real
+special-token ids (SGLang's Qwen-VL code keys on them) with a locally trained byte-level BPE
+tokenizer. The ``tiny`` shape (2 layers of width 128) lets the real server run on CPU in tests.
+GPU timings depend on shapes, not on weight values, so ``qwen3-vl-2b`` and ``qwen3-vl-4b`` carry the
+published configurations of those checkpoints (layers, widths, heads, vision tower, deepstack
+layers) with random weights: an H200 run with them times the vision encoder and prefill a user
+of the real model sees. Builds are deterministic for a given seed, shape and library versions, and
+cached: a ``.complete`` marker written last tells a finished build from a partial.
+
+    python -m sglang_mmtrace.harness.random_model OUT_DIR [--shape qwen3-vl-2b] [--device cuda]
+
+builds into OUT_DIR unless a finished build of that shape and seed is already there.
 """
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
 import os
@@ -17,12 +26,12 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # transformers is slow to import; load it only when building
     from transformers import PreTrainedTokenizerBase, Qwen2Tokenizer, Qwen3VLConfig, Qwen3VLProcessor
 
-BUILDER_VERSION: str = "tiny-qwen3vl/1"
+BUILDER_VERSION: str = "qwen3vl/2"
 """Bump when the build output changes, so cached builds are rebuilt."""
 
 MARKER_NAME: str = ".complete"
@@ -198,51 +207,107 @@ def _assert_tokenizer(tok: PreTrainedTokenizerBase) -> None:
         raise AssertionError(f"vision markers do not encode as single tokens: {ids}")
 
 
-def _build_config() -> Qwen3VLConfig:
-    """The tiny Qwen3-VL config: real structure and token ids, toy sizes."""
-    from transformers import Qwen3VLConfig
-
-    return Qwen3VLConfig(
-        text_config={
-            "vocab_size": VOCAB_SIZE,
+# Sizes per shape; everything else (vocab, token ids, RoPE, patching) is common to Qwen3-VL.
+# qwen3-vl-2b / -4b: the published Qwen3-VL-2B/4B-Instruct config.json values.
+SHAPES: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny": {
+        "text": {
             "hidden_size": 128,
             "intermediate_size": 256,
             "num_hidden_layers": 2,
             "num_attention_heads": 4,
             "num_key_value_heads": 2,
             "head_dim": 32,
+            "mrope_section": [6, 5, 5],
+            "tie_word_embeddings": False,
+        },
+        "vision": {
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "deepstack_visual_indexes": [0, 1],
+        },
+    },
+    "qwen3-vl-2b": {
+        "text": {
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "mrope_section": [24, 20, 20],
+            "tie_word_embeddings": True,
+        },
+        "vision": {
+            "depth": 24,
+            "hidden_size": 1024,
+            "intermediate_size": 4096,
+            "num_heads": 16,
+            "deepstack_visual_indexes": [5, 11, 17],
+        },
+    },
+    "qwen3-vl-4b": {
+        "text": {
+            "hidden_size": 2560,
+            "intermediate_size": 9728,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "mrope_section": [24, 20, 20],
+            "tie_word_embeddings": True,
+        },
+        "vision": {
+            "depth": 24,
+            "hidden_size": 1024,
+            "intermediate_size": 4096,
+            "num_heads": 16,
+            "deepstack_visual_indexes": [5, 11, 17],
+        },
+    },
+}
+
+
+def _build_config(shape: str = "tiny") -> Qwen3VLConfig:
+    """The Qwen3-VL config of ``shape``: real structure and token ids, that shape's sizes."""
+    from transformers import Qwen3VLConfig
+
+    text, vision = dict(SHAPES[shape]["text"]), SHAPES[shape]["vision"]
+    mrope_section = text.pop("mrope_section")
+    tie = text["tie_word_embeddings"]
+    return Qwen3VLConfig(
+        text_config={
+            **text,
+            "vocab_size": VOCAB_SIZE,
             "hidden_act": "silu",
             "max_position_embeddings": MODEL_MAX_LENGTH,
             "rms_norm_eps": 1e-6,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 5_000_000.0,
-                "mrope_section": [6, 5, 5],
+                "mrope_section": mrope_section,
                 "mrope_interleaved": True,
             },
-            "tie_word_embeddings": False,
             "dtype": "bfloat16",
         },
         vision_config={
-            "depth": 2,
-            "hidden_size": 64,
+            **vision,
             "hidden_act": "gelu_pytorch_tanh",
-            "intermediate_size": 128,
-            "num_heads": 2,
             "in_channels": 3,
             "patch_size": 16,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
-            "out_hidden_size": 128,
+            "out_hidden_size": text["hidden_size"],
             "num_position_embeddings": 2304,
-            "deepstack_visual_indexes": [0, 1],
             "dtype": "bfloat16",
         },
         image_token_id=TOKEN_IDS["<|image_pad|>"],
         video_token_id=TOKEN_IDS["<|video_pad|>"],
         vision_start_token_id=TOKEN_IDS["<|vision_start|>"],
         vision_end_token_id=TOKEN_IDS["<|vision_end|>"],
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
         dtype="bfloat16",
     )
 
@@ -296,12 +361,20 @@ def _verify_saved(out_dir: Path) -> None:
         raise AssertionError(f"chat template rendered {text!r}, want {want!r}")
 
 
-def build_tiny_qwen3vl(out_dir: Path, seed: int = 0) -> Path:
-    """Write the tiny Qwen3-VL checkpoint (model, tokenizer, processor) to ``out_dir``.
+def _marker(shape: str, seed: int) -> str:
+    return f"{BUILDER_VERSION} {shape} seed={seed}"
+
+
+def build_qwen3vl(out_dir: Path, seed: int = 0, shape: str = "tiny", device: str | None = None) -> Path:
+    """Write a random-weight Qwen3-VL checkpoint (model, tokenizer, processor) of ``shape`` to ``out_dir``.
 
     Deterministic for a given seed; offline; the ``.complete`` marker is written last so a crash
-    leaves a directory that ``ensure_tiny_model`` recognises as partial.
+    leaves a directory that ``is_complete`` reports as partial. ``device`` is where the weights are
+    initialized (default: ``cuda`` for the real-size shapes when there is one: a 2B model's random
+    init takes minutes on a CPU, seconds on a GPU; the values differ by device, the shapes do not).
     """
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; one of {', '.join(SHAPES)}")
     import torch
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
@@ -312,8 +385,10 @@ def build_tiny_qwen3vl(out_dir: Path, seed: int = 0) -> Path:
     tokenizer = _build_tokenizer()
     processor = _build_processor(tokenizer)
 
-    config = _build_config()
-    with torch.random.fork_rng(devices=[]):
+    if device is None:
+        device = "cuda" if shape != "tiny" and torch.cuda.is_available() else "cpu"
+    config = _build_config(shape)
+    with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
         model = Qwen3VLForConditionalGeneration(config).to(torch.bfloat16).eval()
     # Token ids only (as in Qwen3-VL), no sampling defaults: tests ask for greedy explicitly.
@@ -328,15 +403,15 @@ def build_tiny_qwen3vl(out_dir: Path, seed: int = 0) -> Path:
     _clean_tokenizer_config(out_dir)
     _verify_saved(out_dir)
 
-    (out_dir / MARKER_NAME).write_text(f"{BUILDER_VERSION} seed={seed}\n", encoding="utf-8")
+    (out_dir / MARKER_NAME).write_text(_marker(shape, seed) + "\n", encoding="utf-8")
     return out_dir
 
 
-def is_complete(model_dir: Path, seed: int = 0) -> bool:
-    """True when ``model_dir`` holds a finished build of this builder version and seed."""
+def is_complete(model_dir: Path, seed: int = 0, shape: str = "tiny") -> bool:
+    """True when ``model_dir`` holds a finished build of this builder version, shape and seed."""
     marker = Path(model_dir) / MARKER_NAME
     try:
-        return marker.read_text(encoding="utf-8").strip() == f"{BUILDER_VERSION} seed={seed}"
+        return marker.read_text(encoding="utf-8").strip() == _marker(shape, seed)
     except OSError:
         return False
 
@@ -351,6 +426,15 @@ def _locked(lock_path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_model(out_dir: Path, shape: str = "tiny", seed: int = 0) -> Path:
+    """``out_dir``, built there first unless a finished build of ``shape`` and ``seed`` is there
+    (the GPU scripts' model: one directory per shape, no cache lock needed on a one-user machine)."""
+    out_dir = Path(out_dir)
+    if not is_complete(out_dir, seed, shape):
+        build_qwen3vl(out_dir, seed=seed, shape=shape)
+    return out_dir
 
 
 def ensure_tiny_model(cache_dir: Path | None = None, seed: int = 0) -> Path:
@@ -371,7 +455,7 @@ def ensure_tiny_model(cache_dir: Path | None = None, seed: int = 0) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=cache))
         try:
-            build_tiny_qwen3vl(tmp, seed=seed)
+            build_qwen3vl(tmp, seed=seed)
             if final.exists():
                 shutil.rmtree(final)
             os.rename(tmp, final)
@@ -385,9 +469,29 @@ __all__ = [
     "ADDED_TOKENS",
     "BUILDER_VERSION",
     "CHAT_TEMPLATE",
+    "SHAPES",
     "TOKEN_IDS",
-    "build_tiny_qwen3vl",
+    "build_qwen3vl",
     "default_cache_dir",
+    "ensure_model",
     "ensure_tiny_model",
     "is_complete",
 ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build OUT_DIR (the GPU scripts' one way to get a model) unless a finished build is there."""
+    ap = argparse.ArgumentParser(description="Build a random-weight Qwen3-VL checkpoint offline.")
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None, help="where to initialize the weights (default: see build_qwen3vl)")
+    args = ap.parse_args(argv)
+    if not is_complete(args.out_dir, args.seed, args.shape):
+        build_qwen3vl(args.out_dir, seed=args.seed, shape=args.shape, device=args.device)
+    print(f"{args.out_dir}: {_marker(args.shape, args.seed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
