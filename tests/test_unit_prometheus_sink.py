@@ -118,3 +118,17 @@ print(urllib.request.urlopen(req, timeout=10).read().decode())
         in out.stdout
     )
     assert not list(multiproc.iterdir())
+
+
+def test_health_counters_count_each_increment_once_across_a_missing_process():
+    """The errors/dropped totals are sums over processes; a process missing from one sum (its heartbeat
+    late) must not make its counts be added again when it is back."""
+    registry = CollectorRegistry()
+    sink = PrometheusSink(registry=registry)
+    value = registry.get_sample_value
+    sink.sync_health({"errors": {"hooks.x": 3}, "dropped": {"otlp": 5}})
+    sink.sync_health({"errors": {"hooks.x": 1}, "dropped": {"otlp": 5}})  # the process holding 2 missing
+    sink.sync_health({"errors": {"hooks.x": 3}, "dropped": {"otlp": 7}})  # back, nothing new for hooks.x
+    sink.sync_health({"errors": {"hooks.x": 4}, "dropped": {"otlp": 7}})
+    assert value(PREFIX + "errors_total", {"component": "hooks.x"}) == 4
+    assert value(PREFIX + "dropped_total", {"sink": "otlp"}) == 7

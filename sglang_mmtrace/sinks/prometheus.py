@@ -173,10 +173,7 @@ class PrometheusSink:
         for kind, metric, label in (("errors", "errors_total", "component"), ("dropped", "dropped_total", "sink")):
             seen = self._health[kind]
             for key, value in totals.get(kind, {}).items():
-                delta = value - seen.get(key, 0)
-                if delta > 0:
-                    self.m[metric].labels(**{label: key}).inc(delta)
-                    seen[key] = value
+                _advance(self.m[metric].labels(**{label: key}), seen, key, value)
 
     def sync_occupancy(self, samples: dict[int, dict[str, dict[str, int]]]) -> None:
         """pid -> that process's latest occupancy sample: gauges set, cumulative counts turned into increments."""
@@ -191,11 +188,17 @@ class PrometheusSink:
                     if METRICS[name][0] == "gauge":
                         metric.set(value)
                         continue
-                    key = (name, part, pid)
-                    delta = value - self._occupancy_seen.get(key, 0)
-                    if delta > 0:
-                        metric.inc(delta)
-                    self._occupancy_seen[key] = value
+                    _advance(metric, self._occupancy_seen, (name, part, pid), value)
+
+
+def _advance(counter: Any, seen: dict[Any, float], key: Any, value: float) -> None:
+    """Increment ``counter`` by what the cumulative count ``value`` adds to the highest one seen for
+    ``key``: a lower reading (a process's count missing from a sum for a while) increments nothing, and
+    the count's return to its old level is not counted twice."""
+    delta = value - seen.get(key, 0)
+    if delta > 0:
+        counter.inc(delta)
+        seen[key] = value
 
 
 def health_totals(api: dict[str, Any], peers: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
