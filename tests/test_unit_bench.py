@@ -628,3 +628,50 @@ def test_bootstrap_slope_interval() -> None:
     lo, hi = bootstrap_slope_ci(x, 0.05 + rng.normal(0, 0.005, x.size))
     assert lo < 0 < hi
     assert all(v != v for v in bootstrap_slope_ci([1.0] * 5, [1.0, 2.0, 3.0, 4.0, 5.0]))  # one x: no slope
+
+
+def _progress_stderr(tty: bool) -> str:
+    """Run three ticks of the bench's progress bar in a child whose stderr is a terminal (a pty) or a pipe."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    code = (
+        "import time\n"
+        "from sglang_mmtrace.bench.runner import progress_bar\n"
+        "with progress_bar(3, 'resolution') as tick:\n"
+        "    for _ in range(3):\n"
+        "        time.sleep(0.15)\n"  # past tqdm's 0.1 s redraw interval: each tick is drawn
+        "        tick()\n"
+    )
+    if not tty:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    primary, secondary = pty.openpty()
+    # a terminal has a size (a fresh pty is 0x0, and tqdm draws nothing on zero columns)
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", code], stderr=secondary, stdout=subprocess.DEVNULL)
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                data = os.read(primary, 4096)
+            except OSError:  # EIO: the child's end is closed and everything was read
+                break
+            if not data:
+                break
+            chunks.append(data)
+        assert proc.wait(timeout=60) == 0
+        return b"".join(chunks).decode(errors="replace")
+    finally:
+        os.close(primary)
+
+
+def test_progress_bar_on_a_terminal_only():
+    shown = _progress_stderr(tty=True)
+    assert "resolution" in shown and "3/3" in shown, shown
+    assert _progress_stderr(tty=False) == ""  # logs and CI output stay clean
