@@ -93,3 +93,29 @@ def test_html_leaves_out_lines_without_the_experiments_keys() -> None:
     odd = record("r1", 0.1, [stage("http.parse", 0.0, 0.05)], {"experiment": "concurrency", "concurrency": "4"})
     page = render_html([good, odd])
     assert 'id="resolution"' not in page and 'id="concurrency"' not in page and 'id="breakdown"' in page
+
+
+def test_html_fits_each_server_on_its_own() -> None:
+    """A bench file with two launches (the two feature transports) gets one chart and fit per server:
+    one fit over both would mix configurations; each is labelled by the launch words only it has."""
+    lines = []
+    for target, per_mp in (
+        ("--model-path m --mm-feature-transport cuda_ipc", 0.01),
+        ("--model-path m --mm-feature-transport cpu", 0.07),
+    ):
+        for i, edge in enumerate([256, 512, 1024, 2048] * 3):
+            mp = edge * edge / 1e6
+            recv = 0.001 + per_mp * mp
+            bench = {"experiment": "resolution", "variant": f"{edge}x{edge} new", "width": edge, "height": edge,
+                     "aspect": "1:1", "kind": "new", "image_bytes": edge * 10, "target": target}  # fmt: skip
+            lines.append(record(f"{target[-3:]}{i}", recv + 0.002, [stage("scheduler.recv", 0.0, recv)], bench))
+    page = render_html(lines)
+    groups = page.split('class="target-group"')[1:]
+    assert len(groups) == 2
+    assert "server: <code>--mm-feature-transport cuda_ipc</code>" in groups[0]
+    assert "server: <code>--mm-feature-transport cpu</code>" in groups[1]
+    assert all(g.count('class="resolution-kind"') == 1 for g in groups)
+    # each group's fit is its own server's slope: +10 ms/MP and +70 ms/MP
+    assert "+10.000 [" in groups[0] and "+70.000 [" in groups[1]
+    one = render_html([ln for ln in lines if ln["bench"]["target"].endswith("cpu")])
+    assert 'class="target-group"' in one and "server: <code>" not in one  # one server: no label

@@ -21,11 +21,13 @@ from .analysis import parent_stages
 from .colors import UNATTRIBUTED_COLOR, stage_color
 from .html import _attr, _ms, _swatch, segment_rects
 from .scaling import TTFT, format_slope, resolution_lines, resolution_summary
+from .tail import EXPERIMENT as TAIL_EXPERIMENT
 from .tail import MATES, UNATTRIBUTED, part_stage, tail_sentence, tail_summary
 
 PLOT_W, PLOT_H, MARGIN_L, MARGIN_B, LEGEND_W = 640, 260, 60, 36, 280
 TTFT_COLOR = "#212121"
 SHOWN_SHARE = 0.02  # resolution chart: a leaf stage is drawn when its p50 reaches 2% of the top TTFT p50
+MIN_LABEL_GAP = 34  # px between two x tick labels
 PERCENTILE_COLORS = {"p50": "#1E88E5", "p95": "#FB8C00", "p99": "#E53935"}
 
 
@@ -68,11 +70,14 @@ def line_chart(
             f'<text x="{MARGIN_L - 6}" y="{y + 4:.2f}" text-anchor="end">{v:g}</text>'
         )
     ticks = xs if len(xs) <= 12 else [xs[0] + (xs[-1] - xs[0]) * i / 5 for i in range(6)]
+    last_label = -math.inf
     for v in ticks:
         parts.append(
-            f'<text x="{px(v):.2f}" y="{10 + PLOT_H + 16}" text-anchor="middle">{v:.3g}</text>'
             f'<line x1="{px(v):.2f}" x2="{px(v):.2f}" y1="{10 + PLOT_H}" y2="{10 + PLOT_H + 4}" stroke="#000"/>'
         )
+        if px(v) - last_label >= MIN_LABEL_GAP:  # crowded small values: every tick, fewer labels
+            last_label = px(v)
+            parts.append(f'<text x="{px(v):.2f}" y="{10 + PLOT_H + 16}" text-anchor="middle">{v:.3g}</text>')
     parts.append(
         f'<text x="{MARGIN_L + PLOT_W / 2}" y="{10 + PLOT_H + 32}" text-anchor="middle">{escape(x_label)}</text>'
         f'<text x="12" y="{10 + PLOT_H / 2}" transform="rotate(-90 12 {10 + PLOT_H / 2})" text-anchor="middle">ms</text>'
@@ -139,10 +144,54 @@ def _cells_table(cells: list[dict[str, Any]]) -> str:
     return f"<table><tr>{head}</tr>{rows}</table>"
 
 
+def by_target(lines: list[dict[str, Any]]) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """The lines per bench target (server), in order of appearance; each labelled by the launch words
+    only it has (``--mm-feature-transport cpu``), or None when all lines come from one target. A fit or
+    a tail over two servers' requests would mix their configurations."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for ln in lines:
+        groups.setdefault(str((ln.get("bench") or {}).get("target") or ""), []).append(ln)
+    if len(groups) < 2:
+        return [(None, lines)]
+    options = {t: _options(t) for t in groups}
+    common = set.intersection(*(set(o) for o in options.values()))
+    return [(" ".join(o for o in options[t] if o not in common) or t or "(no target)", g) for t, g in groups.items()]
+
+
+def _options(launch: str) -> list[str]:
+    """``--flag value`` groups (and ``KEY=VALUE`` words) of a launch's words, in order."""
+    out: list[str] = []
+    for word in launch.split():
+        if word.startswith("-") or not out or ("=" in word and not out[-1].startswith("-")):
+            out.append(word)
+        else:
+            out[-1] += " " + word
+    return out
+
+
+def _target_heading(label: str | None) -> str:
+    return "" if label is None else f'<h3 class="target">server: <code>{escape(label)}</code></h3>'
+
+
 def resolution_section(records: list[dict[str, Any]]) -> str:
     lines = resolution_lines(records)
     if not lines:
         return ""
+    body = "".join(
+        f'<div class="target-group" data-target="{_attr(label or "")}">{_target_heading(label)}{_resolution_body(group)}</div>'
+        for label, group in by_target(lines)
+    )
+    return (
+        '<section id="resolution"><h2>Resolution: what each stage costs per image size</h2>'
+        '<div class="muted">One point per image shape (p50 over its requests). The fit is least squares over the '
+        "requests: seconds = intercept + slope &times; megapixels (and &times; visual tokens); a stage "
+        "<b>scales</b> only when the slope's 95% bootstrap interval is above zero. The charts draw TTFT and the "
+        f"leaf stages whose p50 reaches {SHOWN_SHARE:.0%} of the largest TTFT p50; the tables have every stage. "
+        "Each server (bench target) gets its own charts and fits.</div>" + body + "</section>"
+    )
+
+
+def _resolution_body(lines: list[dict[str, Any]]) -> str:
     summary = resolution_summary(lines)
     blocks = []
     for kind in dict.fromkeys(c["kind"] for c in summary["cells"]):
@@ -163,15 +212,7 @@ def resolution_section(records: list[dict[str, Any]]) -> str:
             + (_fit_table(fits) if fits else '<div class="muted">one image size: no fit</div>')
             + "</div>"
         )
-    return (
-        '<section id="resolution"><h2>Resolution: what each stage costs per image size</h2>'
-        '<div class="muted">One point per image shape (p50 over its requests). The fit is least squares over the '
-        "requests: seconds = intercept + slope &times; megapixels (and &times; visual tokens); a stage "
-        "<b>scales</b> only when the slope's 95% bootstrap interval is above zero. The charts draw TTFT and the "
-        f"leaf stages whose p50 reaches {SHOWN_SHARE:.0%} of the largest TTFT p50; the tables have every stage.</div>"
-        + "".join(blocks)
-        + f"<details><summary>per shape</summary>{_cells_table(summary['cells'])}</details></section>"
-    )
+    return "".join(blocks) + f"<details><summary>per shape</summary>{_cells_table(summary['cells'])}</details>"
 
 
 def _part_color(part: str) -> str:
@@ -184,9 +225,26 @@ def _part_opacity(part: str) -> float:
 
 
 def concurrency_section(records: list[dict[str, Any]]) -> str:
-    summary = tail_summary(records)
-    if not summary:
+    lines = [ln for ln in records if (ln.get("bench") or {}).get("experiment") == TAIL_EXPERIMENT]
+    groups = [(label, summary) for label, group in by_target(lines) if (summary := tail_summary(group))]
+    if not groups:
         return ""
+    body = "".join(
+        f'<div class="target-group" data-target="{_attr(label or "")}">{_target_heading(label)}'
+        f"{_concurrency_body(summary)}</div>"
+        for label, summary in groups
+    )
+    return (
+        '<section id="concurrency"><h2>Concurrency: TTFT percentiles and the slow tail</h2>'
+        '<div class="muted">Per level, the median request and the mean of the slowest 5%, split into exclusive '
+        "parts (the time each stage was the most specific one running, plus the unattributed rest), so each bar "
+        "adds up to its TTFT. A batched stage (one encoder call or prefill for several requests) is split into the "
+        "request's own share (its time divided by the requests in the batch, solid) and the batch mates' (pale). "
+        "Each server (bench target) gets its own chart and tails.</div>" + body + "</section>"
+    )
+
+
+def _concurrency_body(summary: dict[str, dict[str, Any]]) -> str:
     series = [
         (f"TTFT {q}", color, [(float(c), lv[f"ttft_{q}"]) for c, lv in summary.items() if lv["records"]])
         for q, color in PERCENTILE_COLORS.items()
@@ -241,15 +299,9 @@ def concurrency_section(records: list[dict[str, Any]]) -> str:
         for c, lv in summary.items()
     )
     return (
-        '<section id="concurrency"><h2>Concurrency: TTFT percentiles and the slow tail</h2>'
-        + chart
-        + "<table><tr><th>streams</th><th>n</th><th>records</th><th>client p50</th><th>client p95</th>"
+        chart + "<table><tr><th>streams</th><th>n</th><th>records</th><th>client p50</th><th>client p95</th>"
         f"<th>client p99</th><th>server p50</th><th>server p95</th><th>server p99</th></tr>{table}</table>"
-        '<div class="muted">Per level, the median request and the mean of the slowest 5%, split into exclusive '
-        "parts (the time each stage was the most specific one running, plus the unattributed rest), so each bar "
-        "adds up to its TTFT. A batched stage (one encoder call or prefill for several requests) is split into the "
-        "request's own share (its time divided by the requests in the batch, solid) and the batch mates' (pale).</div>"
-        f'<div class="legend">{legend}</div>{"".join(blocks)}</section>'
+        f'<div class="legend">{legend}</div>{"".join(blocks)}'
     )
 
 
