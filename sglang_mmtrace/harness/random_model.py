@@ -207,6 +207,15 @@ def _assert_tokenizer(tok: PreTrainedTokenizerBase) -> None:
         raise AssertionError(f"vision markers do not encode as single tokens: {ids}")
 
 
+# The vision tower Qwen3-VL-2B and -4B share (the 8B has a wider one).
+VISION_2B_4B: dict[str, Any] = {
+    "depth": 24,
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_heads": 16,
+    "deepstack_visual_indexes": [5, 11, 17],
+}
+
 # Sizes per shape; everything else (vocab, token ids, RoPE, patching) is common to Qwen3-VL.
 # qwen3-vl-2b / -4b: the published Qwen3-VL-2B/4B-Instruct config.json values.
 SHAPES: dict[str, dict[str, dict[str, Any]]] = {
@@ -240,13 +249,7 @@ SHAPES: dict[str, dict[str, dict[str, Any]]] = {
             "mrope_section": [24, 20, 20],
             "tie_word_embeddings": True,
         },
-        "vision": {
-            "depth": 24,
-            "hidden_size": 1024,
-            "intermediate_size": 4096,
-            "num_heads": 16,
-            "deepstack_visual_indexes": [5, 11, 17],
-        },
+        "vision": VISION_2B_4B,
     },
     "qwen3-vl-4b": {
         "text": {
@@ -259,13 +262,7 @@ SHAPES: dict[str, dict[str, dict[str, Any]]] = {
             "mrope_section": [24, 20, 20],
             "tie_word_embeddings": True,
         },
-        "vision": {
-            "depth": 24,
-            "hidden_size": 1024,
-            "intermediate_size": 4096,
-            "num_heads": 16,
-            "deepstack_visual_indexes": [5, 11, 17],
-        },
+        "vision": VISION_2B_4B,
     },
 }
 
