@@ -11,7 +11,9 @@ Two arms per measurement, built from the same stand-ins: ``plain`` (no plugin) a
 per repetition, and timed with ``time.perf_counter_ns``; the reported *extra* cost is
 ``quantile(traced) - quantile(plain)`` at the median and at p90, plus the median of paired
 differences with a bootstrap 95% interval. Stand-ins do no work, so the plain arm is the floor of
-the call chain itself and the extra is the plugin's cost alone.
+the call chain itself and the extra is the plugin's cost alone. Per request it is also given up to the
+hand-off of the first output (the API's first SSE body bytes, the scheduler's ``stream_output``): the
+part that can add to TTFT; the rest (records handed over, events built and shipped) runs after it.
 
 Each process kind runs in its own child interpreter so its runtime is set up as in SGLang:
 - api: the real collector process (no sinks), started by ``CollectorClient``; remote stage events
@@ -100,6 +102,18 @@ def evict_caches() -> None:
     _cold_buf[::64] = bytes([(_cold_buf[0] + 1) % 256]) * (COLD_BYTES // 64)
 
 
+HANDOFF = [0]
+"""``perf_counter_ns`` when the sample's stand-in handed the first output on (the API's first SSE body
+bytes, the scheduler's ``stream_output``); 0 when it did not. The time up to there is what the hooks
+add to TTFT; what runs after it (record hand-over, the model stages' events, the outbox's send) delays
+the process's next work, not this request's first token."""
+
+
+def mark_handoff() -> None:
+    if not HANDOFF[0]:
+        HANDOFF[0] = perf_counter_ns()
+
+
 def interleave(
     arms: dict[str, Arm],
     reps: int,
@@ -111,7 +125,8 @@ def interleave(
 ) -> dict[str, list[float]]:
     """Time ``plain`` and ``traced`` one sample each per repetition, in random order; ns per unit.
 
-    With ``COLD`` set (``--cold``) the caches are evicted before every sample (untimed)."""
+    With ``COLD`` set (``--cold``) the caches are evicted before every sample (untimed). A sample whose
+    stand-in marks its hand-off (``mark_handoff``) also adds the time up to it under ``<arm>@handoff``."""
     rng = random.Random(seed)
     names = ["plain", "traced"]
     out: dict[str, list[float]] = {n: [] for n in names}
@@ -121,11 +136,14 @@ def interleave(
             call = arms[name]()
             if COLD:
                 evict_caches()
+            HANDOFF[0] = 0
             t0 = perf_counter_ns()
             call()
             t1 = perf_counter_ns()
             if i >= warmup:
                 out[name].append((t1 - t0) / divisor)
+                if HANDOFF[0]:
+                    out.setdefault(f"{name}@handoff", []).append((HANDOFF[0] - t0) / divisor)
         if after_block is not None and (i + 1) % block == 0:
             after_block()
     if after_block is not None:
@@ -133,9 +151,10 @@ def interleave(
     return out
 
 
-def summarize(samples: dict[str, list[float]], unit: str) -> dict[str, Any]:
-    p = np.asarray(samples["plain"]) / 1000.0  # ns -> µs
-    t = np.asarray(samples["traced"]) / 1000.0
+def summarize(samples: dict[str, list[float]], unit: str, suffix: str = "") -> dict[str, Any]:
+    """Extra cost of ``traced`` over ``plain`` (``suffix="@handoff"``: the times up to the hand-off)."""
+    p = np.asarray(samples["plain" + suffix]) / 1000.0  # ns -> µs
+    t = np.asarray(samples["traced" + suffix]) / 1000.0
     diff = t - p
     lo, hi = bootstrap_median_ci(diff, n_boot=1000)
     return {
@@ -354,8 +373,9 @@ def build_api(traced: bool, steps: int) -> Callable[[bool], Callable[[], Any]]:
     async def receive():
         return body
 
-    async def send(message):
-        return None
+    async def send(message):  # the server's transport: the first body bytes leave here
+        if message["type"] == "http.response.body" and message.get("body"):
+            mark_handoff()
 
     async def app(scope, receive, send):  # the FastAPI route: read the body, call the handler
         await receive()
@@ -523,6 +543,7 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
     plain, traced = build_api(False, args.steps), build_api(True, args.steps)
     meter = BackgroundMeter(None)  # the API process runs no plugin thread (the collector is its own process)
     results: dict[str, Any] = {}
+    to_handoff: dict[str, Any] = {}
     traced_requests = 0
     records_before = records_built()
     meter.start()
@@ -542,6 +563,7 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
         )
         traced_requests += args.reps + args.warmup
         results[kind] = summarize(samples, f"µs per request ({args.steps} output steps)")
+        to_handoff[kind] = summarize(samples, "µs per request, up to its first SSE body bytes", "@handoff")
     background = meter.stop(traced_requests)
     deadline = time.time() + 10
     while records_built() - records_before < traced_requests and time.time() < deadline:
@@ -575,7 +597,13 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
     steps["middleware_per_sse_chunk"] = summarize(
         sse, "µs per SSE body chunk (200-chunk response, fixed cost amortized)"
     )
-    return {"per_request": results, "per_decode_step": steps, "background": background, "checks": checks}
+    return {
+        "per_request": results,
+        "per_request_to_handoff": to_handoff,
+        "per_decode_step": steps,
+        "background": background,
+        "checks": checks,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -668,6 +696,10 @@ def build_scheduler(traced: bool) -> tuple[Callable[[bool], Callable[[], Any]], 
         def process_batch_result_prefill(self, batch, result):
             for req in batch.reqs:
                 req.output_ids.append(1)
+            self.stream_output(batch.reqs)
+
+        def stream_output(self, reqs):  # output_streamer: the first token goes to the detokenizer here
+            mark_handoff()
 
     prepare_mm = prepare_mm_inputs
     if traced:
@@ -680,6 +712,7 @@ def build_scheduler(traced: bool) -> tuple[Callable[[bool], Callable[[], Any]], 
         wrap_method(ModelRunner, "sample", "model_runner.sample", "sync")
         wrap_method(Model, "get_image_feature", "mm_embedding.vision_encoder", "sync")
         wrap_method(BatchResultProcessor, "process_batch_result_prefill", "batch_result.prefill", "sync")
+        wrap_method(BatchResultProcessor, "stream_output", "batch_result.stream_output", "sync")
         prepare_mm = wrap_function(prepare_mm_inputs, "mm_embedding.prepare", "sync")
 
     receiver, scheduler, results = Receiver(), Scheduler(), BatchResultProcessor()
@@ -778,6 +811,7 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
         got[1] += e
 
     results: dict[str, Any] = {}
+    to_handoff: dict[str, Any] = {}
     traced_requests = 0
     meter.start()
     for kind, image in (("image_request", True), ("text_request", False)):
@@ -791,6 +825,7 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
         )
         traced_requests += args.reps + args.warmup
         results[kind] = summarize(samples, "µs per request (prefill path)")
+        to_handoff[kind] = summarize(samples, "µs per request, up to stream_output (first token handed on)", "@handoff")
     time.sleep(0.1)
     background = meter.stop(traced_requests)
     collect()
@@ -815,7 +850,13 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
         steps[f"loop_iteration_decode_batch_{n}"] = summarize(
             samples, f"µs per decode step (recv_requests empty + run_batch{{forward, sample}}, batch {n})"
         )
-    return {"per_request": results, "per_decode_step": steps, "background": background, "checks": checks}
+    return {
+        "per_request": results,
+        "per_request_to_handoff": to_handoff,
+        "per_decode_step": steps,
+        "background": background,
+        "checks": checks,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -823,6 +864,7 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_detokenizer(traced: bool) -> tuple[Callable[[], Callable[[], Any]], Callable[[int], Callable[[], Any]]]:
+    from sglang_mmtrace import runtime
     class DetokenizerManager:
         def __init__(self) -> None:
             self.decode_status: dict[str, Any] = {}
@@ -841,6 +883,10 @@ def build_detokenizer(traced: bool) -> tuple[Callable[[], Callable[[], Any]], Ca
         recv_obj = NS(rids=[rid()])
         if len(dm.decode_status) > 4096:
             dm.decode_status.clear()
+        if traced and runtime.outbox is not None:
+            # untimed: in a server the previous request's event left with its own next batch, so a
+            # first output finds the queue empty (the send is on that next step's path, not on TTFT)
+            runtime.outbox.flush_pending()
         return lambda: dm.handle_batch_token_id_out(recv_obj)
 
     def decode(n: int) -> Callable[[], Callable[[], Any]]:
@@ -929,6 +975,8 @@ def table(result: dict[str, Any]) -> str:
     for proc, body in result["processes"].items():
         for name, s in body["per_request"].items():
             lines.append(fmt_row(proc, f"per request: {name}", s))
+        for name, s in body.get("per_request_to_handoff", {}).items():
+            lines.append(fmt_row(proc, f"per request, up to the hand-off (TTFT path): {name}", s))
     for proc, body in result["processes"].items():
         for name, s in body["per_decode_step"].items():
             lines.append(fmt_row(proc, f"per step: {name}", s))
