@@ -865,6 +865,7 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_detokenizer(traced: bool) -> tuple[Callable[[], Callable[[], Any]], Callable[[int], Callable[[], Any]]]:
     from sglang_mmtrace import runtime
+
     class DetokenizerManager:
         def __init__(self) -> None:
             self.decode_status: dict[str, Any] = {}
