@@ -220,3 +220,54 @@ def test_entered_only_passes_unentered_calls_straight_through(toy, kind):
 def test_entered_only_needs_an_enter_step():
     with pytest.raises(ValueError, match="entered_only"):
         interval("toy", lambda *a: None, entered_only=True)
+
+
+@pytest.mark.parametrize("fails", ["names", "mark", "store", "none"])
+def test_forward_marks_contain_failures_and_call_once(monkeypatch, fails):
+    """``model_runner.around_forward`` (the wrappers inside the forward): a failure in any step of its
+    own code is counted, the wrapped call still runs exactly once and its result or exception passes."""
+    from sglang_mmtrace.hooks.scheduler import model_runner
+    from sglang_mmtrace.hooks.scheduler import state as ss
+
+    marks = iter(range(100))
+
+    class Clock:
+        def mark(self):
+            if fails == "mark":
+                raise RuntimeError("mark")
+            return float(next(marks))
+
+    ctx = types.SimpleNamespace(clock=Clock(), rids=("r1",))
+    stored: list = []
+
+    def names(c, args, kwargs):
+        if fails == "names":
+            raise RuntimeError("names")
+        return c.rids
+
+    def store(c, m0, m1, args, kwargs):
+        if fails == "store":
+            raise RuntimeError("store")
+        stored.append((m0, m1))
+
+    wrapper = model_runner.around_forward("toy.forward", "model.prefill", names, store).make("sync")
+    calls: list = []
+
+    def target(x):
+        calls.append(x)
+        if x == "boom":
+            raise KeyError("boom")
+        return x * 2
+
+    monkeypatch.setattr(ss, "current", ctx)
+    before_count = telemetry.errors["toy.forward"]
+    assert wrapper(target, None, (21,), {}) == 42
+    with pytest.raises(KeyError, match="boom"):
+        wrapper(target, None, ("boom",), {})
+    assert calls == [21, "boom"]
+    # per call: the names or the store fail once, the clock at both marks; nothing is stored then
+    failures = {"none": 0, "names": 2, "store": 2, "mark": 4}[fails]
+    assert telemetry.errors["toy.forward"] == before_count + failures
+    assert stored == ([] if fails != "none" else [(0.0, 1.0), (2.0, 3.0)])
+    monkeypatch.setattr(ss, "current", None)
+    assert wrapper(target, None, (1,), {}) == 2 and len(calls) == 3  # outside a prefill: straight through

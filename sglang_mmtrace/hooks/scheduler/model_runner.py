@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ... import telemetry
 from ...sinks import nvtx
+from ...telemetry import contained, maybe_inject
 from ..base import HookSpec, Wrapper, guarded, push_batch_range
 from . import state as ss
 
@@ -44,8 +46,12 @@ def around_forward(
     """Clock marks around a call made inside the current prefill forward, handed to ``store``.
 
     Outside a prefill forward (``ss.current`` is None: every decode step) the call goes straight
-    through. ``rids`` runs before the call (plugin code, guarded) and names the NVTX range; no range is
-    pushed when it names none.
+    through. ``rids`` runs before the call and names the NVTX range; no range is pushed when it names
+    none. The plugin code runs in guarded blocks inlined as in ``base.interval`` (names, range and
+    first mark before the call; second mark, pop and store after it), not one ``guarded`` call per
+    step: these wrappers run inside the forward, on the TTFT path, where every frame counts. A failure
+    before the call leaves no first mark and so nothing stored; either way the call runs once and its
+    result or exception passes through.
     """
 
     def make(kind: str) -> Wrapper:
@@ -56,17 +62,33 @@ def around_forward(
             ctx = ss.current
             if ctx is None:
                 return wrapped(*args, **kwargs)
-            names: Any = guarded(component, rids, ctx, args, kwargs)
-            pushed = bool(names) and push_batch_range(component, stage, names)
-            m0 = guarded(component, ctx.clock.mark)
+            pushed = False
+            m0: Any = None
+            try:
+                if telemetry.armed is not False:
+                    maybe_inject(component)
+                names = rids(ctx, args, kwargs)
+                pushed = bool(names) and nvtx.domain is not None and push_batch_range(component, stage, names)
+                m0 = ctx.clock.mark()
+            except Exception as e:
+                contained(component, e)
             try:
                 return wrapped(*args, **kwargs)
             finally:
-                m1 = guarded(component, ctx.clock.mark)
+                m1: Any = None
+                try:
+                    if telemetry.armed is not False:
+                        maybe_inject(component)
+                    m1 = ctx.clock.mark()
+                except Exception as e:
+                    contained(component, e)
                 if pushed:
                     guarded(component, nvtx.pop)
                 if m0 is not None and m1 is not None:
-                    guarded(component, store, ctx, m0, m1, args, kwargs)
+                    try:
+                        store(ctx, m0, m1, args, kwargs)
+                    except Exception as e:
+                        contained(component, e)
 
         return wrapper
 
