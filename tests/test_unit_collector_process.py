@@ -24,7 +24,7 @@ from sglang_mmtrace.join.record import StageEvent
 def _trace(rid: str, dispatched: bool) -> ApiTrace:
     http = HttpCtx(100.0, "/v1/chat/completions")
     http.t_handle, http.t_first_body, http.t_last_body, http.status_code = 100.001, 100.05, 100.06, 200
-    http.pre_events.append(StageEvent("openai.convert", "api", 100.001, 100.002, attrs={"executor_wait_s": 0.0}))
+    http.pre_events.append(("openai.convert", "api", 100.001, 100.002, "host", {"executor_wait_s": 0.0}, None))
     trace = ApiTrace(rid, http, "tiny", 100.003)
     http.traces.append(trace)
     trace.add("tokenize", 100.003, 100.010)
@@ -37,14 +37,19 @@ def _trace(rid: str, dispatched: bool) -> ApiTrace:
 
 
 def test_wire_form_keeps_every_field():
+    """The API side keeps its events as wire tuples; the collector gets ``StageEvent``s with the same fields."""
     trace = _trace("r1", True)
     back = from_wire(pickle.loads(pickle.dumps(to_wire(trace))))
+    events = ("events", "pre_events")
     for name in ApiTrace.__slots__:
-        if name != "http":
+        if name not in ("http", *events):
             assert getattr(back, name) == getattr(trace, name), name
     for name in HttpCtx.__slots__:
-        if name != "traces":
+        if name not in ("traces", *events):
             assert getattr(back.http, name) == getattr(trace.http, name), name
+    assert back.events == [StageEvent(*e) for e in trace.events] and len(back.events) == 2
+    assert back.http.pre_events == [StageEvent(*e) for e in trace.http.pre_events] and len(back.http.pre_events) == 1
+    assert all(type(e) is StageEvent for e in back.events + back.http.pre_events)
     assert back.http.traces == [back]
 
 

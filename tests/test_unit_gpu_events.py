@@ -194,7 +194,8 @@ def in_trace(trace: ApiTrace | None, fn: Callable[[], Any]) -> Any:
 
 
 def stages(trace: ApiTrace, name: str) -> list[StageEvent]:
-    return [e for e in trace.events if e.name == name]
+    """The API trace's ``name`` events (kept as wire tuples there), as the collector will see them."""
+    return [StageEvent(*e) for e in trace.events if e[0] == name]
 
 
 class Wrapped:

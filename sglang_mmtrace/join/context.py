@@ -3,6 +3,11 @@
 A request's state lives on objects that die with it: ``HttpCtx`` hangs off the ASGI scope, and
 ``ApiTrace`` is indexed in ``LIVE`` by rid only between ``_init_req_state`` and the end of the HTTP
 exchange (or the TokenizerManager's end of the request), when it is handed to the collector.
+
+The stage events measured here are kept as plain tuples in the wire form (``WireEvent``), not as
+``StageEvent`` objects: a tuple is built in C, a ``StageEvent`` through a Python ``__init__`` (a dozen
+of them per image request, before its first token), and the tuples are what is shipped anyway. The
+collector process turns them into ``StageEvent``s (``from_wire``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from ..stages import API
 from .record import StageEvent
 
 now = time.perf_counter
+
+WireEvent = tuple[str, str, float, float, str, dict[str, Any], "int | None"]
+"""A ``StageEvent``'s fields in order: (name, process, t0, t1, clock, attrs, pid)."""
 
 INTERNAL_PATHS = frozenset({"/health", "/health_generate"})
 WARMUP_HEADER = b"x-mmtrace-warmup"
@@ -55,7 +63,7 @@ class HttpCtx:
         self.disconnected = False
         self.error: str | None = None
         self.traces: list[ApiTrace] = []
-        self.pre_events: list[StageEvent] = []
+        self.pre_events: list[WireEvent] = []
         self.traceparent: str | None = None
         self.internal = path in INTERNAL_PATHS  # SGLang's own health probes: joined, never reported
         self.gen = switch.generation  # recorded only if it ends in the same switch generation
@@ -100,7 +108,7 @@ class ApiTrace:
         self.http = http
         self.model = model
         self.t_created = t_created
-        self.events: list[StageEvent] = []
+        self.events: list[WireEvent] = []
         self.image_sizes: dict[str, tuple[int, int]] = {}
         self.image_meta: dict[str, dict[str, Any]] = {}
         self.images: list[dict[str, Any]] = []
@@ -123,7 +131,7 @@ class ApiTrace:
         self.warmup = False  # a warm-up request (SGLang's start-up request, or marked by its client)
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
-        self.events.append(StageEvent(name, API, t0, t1, clock, attrs or {}))
+        self.events.append((name, API, t0, t1, clock, attrs or {}, None))
 
 
 current_http: contextvars.ContextVar[HttpCtx | None] = contextvars.ContextVar("mmtrace_http", default=None)
@@ -153,12 +161,7 @@ _TRACE_WIRE = tuple(s for s in ApiTrace.__slots__ if s != "http")
 
 
 def _pack(obj: Any, names: tuple[str, ...]) -> tuple:
-    return tuple(
-        [(e.name, e.process, e.t0, e.t1, e.clock, e.attrs, e.pid) for e in getattr(obj, n)]
-        if n in _EVENT_LISTS
-        else getattr(obj, n)
-        for n in names
-    )
+    return tuple(getattr(obj, n) for n in names)  # the event lists already hold wire tuples
 
 
 def _unpack(obj: Any, names: tuple[str, ...], values: tuple) -> Any:
@@ -168,7 +171,8 @@ def _unpack(obj: Any, names: tuple[str, ...], values: tuple) -> Any:
 
 
 def to_wire(trace: ApiTrace) -> tuple:
-    """Plain tuples of the trace and its HTTP exchange: pickled about five times faster than the objects."""
+    """Plain tuples of the trace and its HTTP exchange: pickled about five times faster than the objects.
+    The collector's ``from_wire`` gives back an ``ApiTrace`` whose event lists hold ``StageEvent``s."""
     http = trace.http
     return _pack(trace, _TRACE_WIRE), (None if http is None else _pack(http, _HTTP_WIRE))
 

@@ -49,7 +49,7 @@ def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         return
     modes = {_MODE_BY_TYPE.get(type(getattr(i, "feature", None)).__name__, "other") for i in _items(result)}
     mode = "cpu" if "cpu" in modes else (sorted(modes)[0] if modes else "none")
-    if nbytes == 0 and any(ev.name == "transport.prepare" for ev in trace.events):
+    if nbytes == 0 and any(ev[0] == "transport.prepare" for ev in trace.events):
         # 0.5.17 with cuda_ipc: the pool copies were this request's transport.prepare (PROC thread);
         # this host step inside ``dispatch`` moves no bytes, and a stage appears once per request
         return
