@@ -85,31 +85,22 @@ def interval(
     targets called on every decode step, where most calls are of that kind.
     """
 
-    # the guard inlined (one frame per step, not two: these run on SGLang's hot threads)
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
-        try:
-            if telemetry.armed is not False:
-                maybe_inject(component)
-            return on_enter(instance, args, kwargs)
-        except Exception as e:
-            contained(component, e)
-            return None
-
-    def leave(st: Any, t0: float, t1: float, instance: Any, args: tuple, kwargs: dict, result: Any, exc: Any) -> None:
-        try:
-            if telemetry.armed is not False:
-                maybe_inject(component)
-            on_exit(st, t0, t1, instance, args, kwargs, result, exc)
-        except Exception as e:
-            contained(component, e)
-
+    # The guard is inlined into the wrappers (no enter/leave helper frames): these run on SGLang's
+    # hot threads, several times per request before its first token.
     def make(kind: str) -> Wrapper:
         if kind == "async":
 
             async def async_wrapper(wrapped, instance, args, kwargs):
-                st = enter(instance, args, kwargs) if on_enter is not None else None
-                if st is None and entered_only:
-                    return await wrapped(*args, **kwargs)
+                st = None
+                if on_enter is not None:
+                    try:
+                        if telemetry.armed is not False:
+                            maybe_inject(component)
+                        st = on_enter(instance, args, kwargs)
+                    except Exception as e:
+                        contained(component, e)
+                    if st is None and entered_only:
+                        return await wrapped(*args, **kwargs)
                 range_id = (
                     push_nvtx(component, nvtx, instance, args, kwargs, nested=False)
                     if nvtx is not None and nvtx_sink.domain is not None
@@ -127,15 +118,27 @@ def interval(
                     t1 = now()
                     if range_id is not None:
                         guarded(component, nvtx_sink.end, range_id)
-                    leave(st, t0, t1, instance, args, kwargs, result, exc)
+                    try:
+                        if telemetry.armed is not False:
+                            maybe_inject(component)
+                        on_exit(st, t0, t1, instance, args, kwargs, result, exc)
+                    except Exception as e:
+                        contained(component, e)
 
             return async_wrapper
         if kind == "sync":
 
             def sync_wrapper(wrapped, instance, args, kwargs):
-                st = enter(instance, args, kwargs) if on_enter is not None else None
-                if st is None and entered_only:
-                    return wrapped(*args, **kwargs)
+                st = None
+                if on_enter is not None:
+                    try:
+                        if telemetry.armed is not False:
+                            maybe_inject(component)
+                        st = on_enter(instance, args, kwargs)
+                    except Exception as e:
+                        contained(component, e)
+                    if st is None and entered_only:
+                        return wrapped(*args, **kwargs)
                 pushed = (
                     nvtx is not None
                     and nvtx_sink.domain is not None
@@ -153,7 +156,12 @@ def interval(
                     t1 = now()
                     if pushed:
                         guarded(component, nvtx_sink.pop)
-                    leave(st, t0, t1, instance, args, kwargs, result, exc)
+                    try:
+                        if telemetry.armed is not False:
+                            maybe_inject(component)
+                        on_exit(st, t0, t1, instance, args, kwargs, result, exc)
+                    except Exception as e:
+                        contained(component, e)
 
             return sync_wrapper
         raise ValueError(f"{component}: no interval wrapper for kind {kind!r}")
