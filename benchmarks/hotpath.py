@@ -171,6 +171,23 @@ def summarize(samples: dict[str, list[float]], unit: str, suffix: str = "") -> d
     }
 
 
+def worker_result(
+    per_request: dict[str, Any],
+    to_handoff: dict[str, Any],
+    steps: dict[str, Any],
+    background: dict[str, Any],
+    checks: dict[str, Any],
+) -> dict[str, Any]:
+    """What a process worker (api, scheduler) reports: its summaries, background thread and checks."""
+    return {
+        "per_request": per_request,
+        "per_request_to_handoff": to_handoff,
+        "per_decode_step": steps,
+        "background": background,
+        "checks": checks,
+    }
+
+
 def thread_cpu_s(thread: threading.Thread | None) -> float:
     if thread is None or thread.ident is None:
         return 0.0
@@ -597,13 +614,7 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
     steps["middleware_per_sse_chunk"] = summarize(
         sse, "µs per SSE body chunk (200-chunk response, fixed cost amortized)"
     )
-    return {
-        "per_request": results,
-        "per_request_to_handoff": to_handoff,
-        "per_decode_step": steps,
-        "background": background,
-        "checks": checks,
-    }
+    return worker_result(results, to_handoff, steps, background, checks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -850,13 +861,7 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
         steps[f"loop_iteration_decode_batch_{n}"] = summarize(
             samples, f"µs per decode step (recv_requests empty + run_batch{{forward, sample}}, batch {n})"
         )
-    return {
-        "per_request": results,
-        "per_request_to_handoff": to_handoff,
-        "per_decode_step": steps,
-        "background": background,
-        "checks": checks,
-    }
+    return worker_result(results, to_handoff, steps, background, checks)
 
 
 # ---------------------------------------------------------------------------------------------
