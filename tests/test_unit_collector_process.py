@@ -24,7 +24,7 @@ from sglang_mmtrace.join.record import StageEvent
 def _trace(rid: str, dispatched: bool) -> ApiTrace:
     http = HttpCtx(100.0, "/v1/chat/completions")
     http.t_handle, http.t_first_body, http.t_last_body, http.status_code = 100.001, 100.05, 100.06, 200
-    http.pre_events.append(("openai.convert", "api", 100.001, 100.002, "host", {"executor_wait_s": 0.0}, None))
+    http.add("openai.convert", 100.001, 100.002, {"executor_wait_s": 0.0})
     trace = ApiTrace(rid, http, "tiny", 100.003)
     http.traces.append(trace)
     trace.add("tokenize", 100.003, 100.010)

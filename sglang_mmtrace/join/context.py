@@ -71,6 +71,10 @@ class HttpCtx:
         self.ship = switch.on("ship")  # the setting it runs under decides, not the one when it is handed over
         self.warmup = False  # the client said so (``WARMUP_HEADER``)
 
+    def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None) -> None:
+        """A stage measured before the exchange's requests have traces (``openai.convert``)."""
+        self.pre_events.append((name, API, t0, t1, "host", attrs or {}, None))
+
 
 class ApiTrace:
     """Everything the API process measures for one rid."""

@@ -173,7 +173,8 @@ class PrometheusSink:
         for kind, metric, label in (("errors", "errors_total", "component"), ("dropped", "dropped_total", "sink")):
             seen = self._health[kind]
             for key, value in totals.get(kind, {}).items():
-                _advance(self.m[metric].labels(**{label: key}), seen, key, value)
+                if delta := _advance(seen, key, value):
+                    self.m[metric].labels(**{label: key}).inc(delta)
 
     def sync_occupancy(self, samples: dict[int, dict[str, dict[str, int]]]) -> None:
         """pid -> that process's latest occupancy sample: gauges set, cumulative counts turned into increments."""
@@ -188,17 +189,19 @@ class PrometheusSink:
                     if METRICS[name][0] == "gauge":
                         metric.set(value)
                         continue
-                    _advance(metric, self._occupancy_seen, (name, part, pid), value)
+                    if delta := _advance(self._occupancy_seen, (name, part, pid), value):
+                        metric.inc(delta)
 
 
-def _advance(counter: Any, seen: dict[Any, float], key: Any, value: float) -> None:
-    """Increment ``counter`` by what the cumulative count ``value`` adds to the highest one seen for
-    ``key``: a lower reading (a process's count missing from a sum for a while) increments nothing, and
-    the count's return to its old level is not counted twice."""
+def _advance(seen: dict[Any, float], key: Any, value: float) -> float:
+    """What the cumulative count ``value`` adds to the highest one seen for ``key`` (0 if nothing): the
+    counter's increment. A lower reading (a process's count missing from a sum for a while) adds
+    nothing, and the count's return to its old level is not counted twice."""
     delta = value - seen.get(key, 0)
-    if delta > 0:
-        counter.inc(delta)
-        seen[key] = value
+    if delta <= 0:
+        return 0
+    seen[key] = value
+    return delta
 
 
 def health_totals(api: dict[str, Any], peers: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:

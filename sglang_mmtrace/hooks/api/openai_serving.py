@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from ...join.context import current_http
-from ...stages import API
 from ..base import HookSpec, arg, before, interval, now
 
 
@@ -23,9 +22,7 @@ def _convert_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     if http is not None:
         # From the handler's entry: the hop onto the executor thread is part of the conversion's cost.
         start = http.t_handle if http.t_handle is not None and http.t_handle <= t0 else t0
-        http.pre_events.append(
-            ("openai.convert", API, start, t1, "host", {"executor_wait_s": round(t0 - start, 9)}, None)
-        )
+        http.add("openai.convert", start, t1, {"executor_wait_s": round(t0 - start, 9)})
 
 
 PART = "http"  # the switch part that gates these hooks
