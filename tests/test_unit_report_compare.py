@@ -3,8 +3,8 @@
 The records are drawn from fixed seeds, so every interval below is the same on every run: a stage
 made 10 ms slower in NEW must come first with an interval clear of zero, two draws from one
 distribution must be "no change" everywhere, a stage that one side never ran counts as 0 ms there,
-groups on one side only are listed, warm-ups are left out unless asked, and bad input is one line
-on stderr with exit status 1.
+groups on one side only are listed, warm-ups are left out unless asked, a higher ``--confidence``
+widens every interval, and bad input is one line on stderr with exit status 1.
 """
 
 from __future__ import annotations
@@ -153,6 +153,41 @@ def test_groups_on_one_side_are_listed_not_compared(tmp_path: Path, capsys) -> N
     assert "only in BASE (no timed request in NEW): text" in out
 
 
+def test_a_higher_confidence_widens_every_interval_and_is_printed(tmp_path: Path, capsys) -> None:
+    """Seeds 30/130, 8 a side, ``mm.decode`` 0.5 ms slower: at 95% the interval clears zero, at 99.9%
+    it spans it. Every interval at 99.9% holds the one at 95%, the medians are the same, and the table,
+    the JSON and the page name the level they used."""
+    base, new = _draw(30, n=8), _draw(130, n=8, shift={"mm.decode": 0.5})
+    at95, at999 = compare(base, new), compare(base, new, confidence=0.999)
+    assert (at95["confidence"], at999["confidence"]) == (0.95, 0.999)
+    g95, g999 = at95["groups"][IMAGE], at999["groups"][IMAGE]
+    assert _by_stage(g95)["mm.decode"]["verdict"] == SLOWER and _by_stage(g999)["mm.decode"]["verdict"] == NO_CHANGE
+    for name, wide in _by_stage(g999).items():
+        narrow = _by_stage(g95)[name]
+        assert wide["delta_p50"] == narrow["delta_p50"], name
+        assert wide["ci"][0] <= narrow["ci"][0] and narrow["ci"][1] <= wide["ci"][1], name
+        assert wide["ci"][1] - wide["ci"][0] > narrow["ci"][1] - narrow["ci"][0], name
+
+    a, b = _write(tmp_path / "a.jsonl", base), _write(tmp_path / "b.jsonl", new)
+    assert main(["report", "--compare", str(a), str(b), "--confidence", "0.999", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == at999
+    assert main(["report", "--compare", str(a), str(b), "--confidence", "0.999"]) == 0
+    table = capsys.readouterr().out
+    assert "with a 99.9% bootstrap interval" in table and "99.9% CI" in table and "95%" not in table
+    assert main(["report", "--compare", str(a), str(b)]) == 0
+    assert "with a 95% bootstrap interval" in capsys.readouterr().out, "0.95 when not given"
+    page = parse_dom(render_compare_html(base, new, "a", "b", confidence=0.999))
+    assert "with 99.9% interval" in page.text_content() and "95%" not in page.text_content()
+
+
+@pytest.mark.parametrize("value", ["95", "0", "1", "nan", "x"])
+def test_confidence_outside_0_1_is_a_usage_error(tmp_path: Path, capsys, value: str) -> None:
+    a = _write(tmp_path / "a.jsonl", _draw(15, n=4))
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", "--compare", str(a), str(a), "--confidence", value])
+    assert exit_.value.code == 2 and "--confidence" in capsys.readouterr().err
+
+
 def test_one_request_a_side_has_no_interval() -> None:
     g = compare(_draw(9, n=1), _draw(10, n=1, shift={"tokenize": 5.0}))["groups"][IMAGE]
     assert g["ttft"]["ci"] is None and g["ttft"]["verdict"] == NO_INTERVAL
@@ -220,6 +255,7 @@ def test_html_has_both_stacks_and_a_delta_row_per_stage(tmp_path: Path) -> None:
         (["{a}", "--compare", "{a}", "{a}"], "give either a records file or --compare BASE NEW, not both"),
         ([], "a records file, or --compare BASE NEW, is required"),
         (["--compare", "{a}", "{a}", "--chrome-trace", "{out}"], "--chrome-trace takes one records file"),
+        (["{a}", "--confidence", "0.99"], "--confidence is the level of --compare's intervals"),
         (["--compare", "{a}", "{a}", "--html", "{a}/x.html"], "cannot create folder {a}: "),
     ],
 )

@@ -1,7 +1,7 @@
 """``sglang-mmtrace report FILE.jsonl``: the per-stage table, and optionally an HTML page and a Chrome trace.
 
 ``sglang-mmtrace report --compare BASE NEW``: the same groups in two record files, compared: per
-group and stage the change of the p50 with a bootstrap 95% interval, ranked
+group and stage the change of the p50 with a bootstrap interval (95%, or ``--confidence``), ranked
 (:mod:`sglang_mmtrace.report.compare`); ``--json`` and ``--html`` as for one file, no Chrome trace.
 One file or ``--compare``, not both; exit 1 when the two files have no group in common.
 
@@ -42,7 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compare",
         nargs=2,
         metavar=("BASE", "NEW"),
-        help="compare two record files: per group and stage, p50(NEW) - p50(BASE) with a 95%% interval, ranked",
+        help="compare two record files: per group and stage, p50(NEW) - p50(BASE) with an interval, ranked",
+    )
+    parser.add_argument(
+        "--confidence",
+        type=_confidence,
+        metavar="LEVEL",
+        help="with --compare: the intervals' level, between 0 and 1 (default 0.95); at 0.95 about one"
+        " unmoved stage in twenty is still called a change, so checking many stages, ask for 0.99 or 0.999",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the summary (or the comparison) as JSON instead of the table"
@@ -62,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep warm-up records (SGLang's start-up request, X-Mmtrace-Warmup requests); left out by default",
     )
+
+
+def _confidence(text: str) -> float:
+    """``--confidence``'s type: a level strictly between 0 and 1 (0.95, not 95)."""
+    value = float(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1 (write 0.99, not 99)")
+    return value
 
 
 def _error(message: str) -> int:
@@ -112,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_compare(args)
     if args.file is None:
         return _error("a records file, or --compare BASE NEW, is required")
+    if args.confidence is not None:
+        return _error("--confidence is the level of --compare's intervals; one file has none")
     try:
         records = _load(args.file, args.include_warmup)
     except RecordsError as exc:
@@ -143,7 +160,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     if args.chrome_trace:
         return _error("--chrome-trace takes one records file, not --compare")
     try:
-        from ..report.compare import compare, format_compare
+        from ..report.compare import CONFIDENCE, compare, format_compare
     except ImportError as exc:  # the bootstrap is numpy's; plain report runs without it
         return _error(f"--compare needs numpy: {exc}")
     base_path, new_path = args.compare
@@ -151,7 +168,8 @@ def _run_compare(args: argparse.Namespace) -> int:
         base, new = (_load(path, args.include_warmup) for path in (base_path, new_path))
     except RecordsError as exc:
         return _error(str(exc))
-    comparison = compare(base, new, report_group)
+    confidence = CONFIDENCE if args.confidence is None else args.confidence
+    comparison = compare(base, new, report_group, confidence=confidence)
     if not comparison["groups"]:
         return _error(
             f"no group in common: BASE has {', '.join(comparison['only_base']) or 'no timed group'};"
@@ -163,7 +181,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
         try:
             Path(args.html).parent.mkdir(parents=True, exist_ok=True)
-            write_compare_html(base, new, args.html, base_path, new_path, report_group)
+            write_compare_html(base, new, args.html, base_path, new_path, report_group, confidence)
         except OSError as exc:
             return _write_error(exc, (args.html,))
         print(f"HTML comparison: {args.html}", file=sys.stderr)

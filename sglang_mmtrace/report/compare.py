@@ -6,8 +6,11 @@ has at least one timed request there (``is_ok``); only groups timed on both side
 others are listed as one-sided, since a delta against nothing is not a delta.
 
 Per group: TTFT and every stage's p50 and p95 on each side, and ``delta_p50 = p50(NEW) - p50(BASE)``
-with a 95% bootstrap interval (:func:`~sglang_mmtrace.bench.stats.bootstrap_median_diff_ci`: the
-sides are resampled independently, since requests of two runs do not pair up). A stage absent from
+with a bootstrap interval (:func:`~sglang_mmtrace.bench.stats.bootstrap_median_diff_ci`: the
+sides are resampled independently, since requests of two runs do not pair up), 95% unless
+``--confidence`` says otherwise: at 95% about one stage in twenty whose time did not move is still
+called a change, so a check of many stages, or a check that must not cry wolf (an A/A in CI), asks
+for a higher level. A stage absent from
 a request counts as 0 s for it, so a stage that a cache skips shows its whole saving instead of
 dropping out of the comparison. A delta whose interval spans zero is labelled ``no change``.
 
@@ -51,6 +54,13 @@ NO_INTERVAL = "no interval"
 """Verdicts: the interval spans zero, lies above it (NEW takes longer), below it, or a side has < 2 requests."""
 
 SIDES = ("base", "new")
+CONFIDENCE = 0.95
+"""The interval's default level (``report --compare --confidence``)."""
+
+
+def level(confidence: float) -> str:
+    """``95%``, ``99.9%``: the level as the table, page and help text print it."""
+    return f"{confidence * 100:g}%"
 
 
 def verdict(ci: list[float] | None) -> str:
@@ -63,11 +73,11 @@ def verdict(ci: list[float] | None) -> str:
     return SLOWER if lo > 0.0 else FASTER
 
 
-def delta(base: list[float], new: list[float], seed: int = 0) -> dict[str, Any]:
-    """p50/p95 of each side (seconds), ``delta_p50`` (NEW - BASE), its 95% interval and verdict.
+def delta(base: list[float], new: list[float], seed: int = 0, confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """p50/p95 of each side (seconds), ``delta_p50`` (NEW - BASE), its interval at ``confidence`` and verdict.
 
     ``ci`` is None (JSON null, not NaN) when a side has fewer than 2 values."""
-    lo, hi = bootstrap_median_diff_ci(base, new, seed=seed)
+    lo, hi = bootstrap_median_diff_ci(base, new, alpha=1.0 - confidence, seed=seed)
     ci = None if math.isnan(lo) else [lo, hi]
     return {
         "base_p50": quantile(base, 0.5),
@@ -80,7 +90,9 @@ def delta(base: list[float], new: list[float], seed: int = 0) -> dict[str, Any]:
     }
 
 
-def compare_group(base: list[dict[str, Any]], new: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
+def compare_group(
+    base: list[dict[str, Any]], new: list[dict[str, Any]], seed: int = 0, confidence: float = CONFIDENCE
+) -> dict[str, Any]:
     """One group's comparison from its timed records on each side (both non-empty)."""
     sides = dict(zip(SIDES, (base, new), strict=True))
     totals = {side: [stage_totals(r) for r in recs] for side, recs in sides.items()}
@@ -93,7 +105,7 @@ def compare_group(base: list[dict[str, Any]], new: list[dict[str, Any]], seed: i
         stages.append(
             {
                 "stage": name,
-                **delta(values["base"], values["new"], seed),
+                **delta(values["base"], values["new"], seed, confidence),
                 "present": present,
                 "leaf": name not in parents,
             }
@@ -109,7 +121,7 @@ def compare_group(base: list[dict[str, Any]], new: list[dict[str, Any]], seed: i
     )
     return {
         "n": {side: len(recs) for side, recs in sides.items()},
-        "ttft": delta([r["ttft_s"] for r in base], [r["ttft_s"] for r in new], seed),
+        "ttft": delta([r["ttft_s"] for r in base], [r["ttft_s"] for r in new], seed, confidence),
         "coverage_p50": {side: quantile((r["coverage"] for r in recs), 0.5) for side, recs in sides.items()},
         "cache": {side: cache_ratios(recs) for side, recs in sides.items()},
         "stages": stages,
@@ -121,9 +133,11 @@ def compare(
     new: Iterable[dict[str, Any]],
     group: Callable[[dict[str, Any]], str] = report_group,
     seed: int = 0,
+    confidence: float = CONFIDENCE,
 ) -> dict[str, Any]:
     """``groups``: the comparison of every group timed on both sides (in BASE's order), plus
-    ``only_base`` / ``only_new``: the groups timed on one side only, and ``failed`` per side and group.
+    ``only_base`` / ``only_new``: the groups timed on one side only, ``failed`` per side and group,
+    and the intervals' ``confidence``.
 
     Failed requests are not timed; they are counted so that a group whose NEW requests fail shows as
     one-sided with its failures, not as vanished."""
@@ -136,7 +150,8 @@ def compare(
     }
     common = [g for g in timed["base"] if g in timed["new"]]
     return {
-        "groups": {g: compare_group(timed["base"][g], timed["new"][g], seed) for g in common},
+        "confidence": confidence,
+        "groups": {g: compare_group(timed["base"][g], timed["new"][g], seed, confidence) for g in common},
         "only_base": [g for g in timed["base"] if g not in timed["new"]],
         "only_new": [g for g in timed["new"] if g not in timed["base"]],
         "failed": failed,
@@ -151,10 +166,11 @@ def format_ci(ci: list[float] | None) -> str:
 def format_compare(comparison: dict[str, Any], base_label: str, new_label: str) -> str:
     """One block per compared group (TTFT line, coverage and cache lines, ranked stage table, in ms),
     then the groups found on one side only."""
+    ci_level = level(comparison["confidence"])
     lines = [
         f"BASE = {base_label}",
         f"NEW  = {new_label}",
-        "delta = p50(NEW) - p50(BASE) with a 95% bootstrap interval; 'no change' when it spans zero;",
+        f"delta = p50(NEW) - p50(BASE) with a {ci_level} bootstrap interval; 'no change' when it spans zero;",
         "stages ranked: the changes by |delta|, then the rest; stages containing others last",
         "",
     ]
@@ -172,7 +188,7 @@ def format_compare(comparison: dict[str, Any], base_label: str, new_label: str) 
                 f"{c} {format_ratio(g['cache']['base'][c])} -> {format_ratio(g['cache']['new'][c])}"
                 for c in (*CACHES, "prefix_tokens")
             ),
-            f"   {'stage':<30}{'BASE p50':>9}{'NEW p50':>9}{'delta':>9}  {'95% CI':<18}"
+            f"   {'stage':<30}{'BASE p50':>9}{'NEW p50':>9}{'delta':>9}  {ci_level + ' CI':<18}"
             f"{'BASE p95':>9}{'NEW p95':>9}{'present':>9}  verdict",
         ]
         for i, s in enumerate(g["stages"]):

@@ -6,7 +6,7 @@ Per group compared (see :mod:`sglang_mmtrace.report.compare`):
   times, so nested stages do not count twice), each against its TTFT p50 tick;
 - ``delta``: one horizontal bar per stage, ranked as in the table (TTFT first, then the leaf stages,
   then below a dashed line, in grey, the stages that contain others), from zero to ``delta_p50``
-  with the 95% interval as a whisker; a ``no change`` bar is pale, so what changed stands out;
+  with the interval (95% unless ``--confidence`` says otherwise) as a whisker; a ``no change`` bar is pale, so what changed stands out;
 - the cache hit ratios of both sides, and the ranked stage table.
 The groups found on one side only are listed. Every string from the records is escaped.
 """
@@ -21,7 +21,7 @@ from typing import Any
 from ..stages import DISPLAY_ORDER
 from .analysis import CACHES, format_ratio, group_records, is_ok, report_group
 from .colors import UNATTRIBUTED_COLOR, stage_color
-from .compare import NO_CHANGE, SIDES, compare, format_ci
+from .compare import CONFIDENCE, NO_CHANGE, SIDES, compare, format_ci, level
 from .html import (
     BAR_W,
     CACHE_LABELS,
@@ -56,7 +56,7 @@ def _stack(side: str, segs: list[tuple[str, float]], scale: float, ttft_p50: flo
     return "".join(parts)
 
 
-def _delta_chart(rows: list[tuple[str, dict[str, Any]]]) -> str:
+def _delta_chart(rows: list[tuple[str, dict[str, Any]]], ci_level: str) -> str:
     """Horizontal bars from zero to each ``delta_p50``, with the interval as a whisker."""
     reach = max(
         (abs(v) for _, d in rows for v in (d["delta_p50"], *(d["ci"] or ()))),
@@ -71,7 +71,7 @@ def _delta_chart(rows: list[tuple[str, dict[str, Any]]]) -> str:
         color = TTFT_COLOR if name == TTFT else stage_color(name)
         opacity = "0.3" if d["verdict"] == NO_CHANGE else "1"
         ci = d["ci"]
-        tip = f"{name}: {d['delta_p50'] * 1e3:+.2f} ms, 95% CI {format_ci(ci)} ms, {d['verdict']}"
+        tip = f"{name}: {d['delta_p50'] * 1e3:+.2f} ms, {ci_level} CI {format_ci(ci)} ms, {d['verdict']}"
         contains = d.get("leaf") is False  # TTFT has no such key
         label_style = f' style="fill:{CONTAINS_COLOR}"' if contains else ""
         if contains and rows[i - 1][1].get("leaf", True):
@@ -112,7 +112,7 @@ def _cache_table(cache: dict[str, dict[str, Any]]) -> str:
     return f"<table><tr><th>cache hits</th><th>BASE</th><th>NEW</th></tr>{rows}</table>"
 
 
-def _stage_table(stages: list[dict[str, Any]]) -> str:
+def _stage_table(stages: list[dict[str, Any]], ci_level: str) -> str:
     rows = "".join(
         f"<tr{'' if s['leaf'] else CONTAINS_ROW}><td>{escape(s['stage'])}</td><td>{_ms(s['base_p50'])}</td><td>{_ms(s['new_p50'])}</td>"
         f"<td>{s['delta_p50'] * 1e3:+.2f} ms</td><td>{escape(format_ci(s['ci']))}</td><td>{_ms(s['base_p95'])}</td>"
@@ -122,7 +122,17 @@ def _stage_table(stages: list[dict[str, Any]]) -> str:
     )
     head = "".join(
         f"<th>{h}</th>"
-        for h in ("stage", "BASE p50", "NEW p50", "delta", "95% CI (ms)", "BASE p95", "NEW p95", "present", "verdict")
+        for h in (
+            "stage",
+            "BASE p50",
+            "NEW p50",
+            "delta",
+            f"{ci_level} CI (ms)",
+            "BASE p95",
+            "NEW p95",
+            "present",
+            "verdict",
+        )
     )
     return f"<table><tr>{head}</tr>{rows}</table>"
 
@@ -133,9 +143,11 @@ def render_compare_html(
     base_label: str,
     new_label: str,
     group: Callable[[dict[str, Any]], str] = report_group,
+    confidence: float = CONFIDENCE,
 ) -> str:
     sides = {"base": list(base), "new": list(new)}
-    comparison = compare(sides["base"], sides["new"], group)
+    comparison = compare(sides["base"], sides["new"], group, confidence=confidence)
+    ci_level = level(confidence)
     timed = {
         side: {g: [r for r in recs if is_ok(r)] for g, recs in group_records(sides[side], group).items()}
         for side in SIDES
@@ -170,8 +182,8 @@ def render_compare_html(
             f"{g['coverage_p50']['base']:.3f} &rarr; {g['coverage_p50']['new']:.3f}</div>"
             f'<h3>Where TTFT goes (p50 per stage, exclusive)</h3><svg class="sides" width="{BAR_W}" height="66" '
             f'role="img">{stacks}</svg>'
-            f"<h3>Change of the p50, NEW &minus; BASE, with 95% interval (ranked)</h3>{_delta_chart(rows)}"
-            f"{_cache_table(g['cache'])}<details><summary>stage table</summary>{_stage_table(g['stages'])}</details>"
+            f"<h3>Change of the p50, NEW &minus; BASE, with {ci_level} interval (ranked)</h3>{_delta_chart(rows, ci_level)}"
+            f"{_cache_table(g['cache'])}<details><summary>stage table</summary>{_stage_table(g['stages'], ci_level)}</details>"
             "</section>"
         )
     one_sided = "".join(
@@ -188,7 +200,7 @@ def render_compare_html(
 <h1>{title}</h1>
 <div class="muted">BASE = {escape(base_label)} ({len(sides["base"])} records), NEW = {escape(new_label)}
 ({len(sides["new"])} records); {len(comparison["groups"])} groups compared; generated {now}.
-The delta is p50(NEW) &minus; p50(BASE) with a 95% bootstrap interval (each side resampled on its own);
+The delta is p50(NEW) &minus; p50(BASE) with a {ci_level} bootstrap interval (each side resampled on its own);
 a stage a request did not run counts as 0 ms for it; pale bars: the interval spans zero (no change).
 Below the dashed line, in grey: stages that contain others (their delta includes their children's).</div>
 <div class="legend">{legend}</div>
@@ -205,6 +217,7 @@ def write_compare_html(
     base_label: str,
     new_label: str,
     group: Callable[[dict[str, Any]], str] = report_group,
+    confidence: float = CONFIDENCE,
 ) -> None:
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render_compare_html(base, new, base_label, new_label, group))
+        fh.write(render_compare_html(base, new, base_label, new_label, group, confidence))
