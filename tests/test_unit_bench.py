@@ -30,7 +30,7 @@ from sglang_mmtrace.bench.stats import (
     paired_ratio_ci,
     ratio_of_means_ci,
 )
-from sglang_mmtrace.bench.switchctl import PARTS, body_for, levels
+from sglang_mmtrace.bench.switchctl import PARTS, body_for, echoes, levels
 from sglang_mmtrace.bench.targets import parse_launch
 from sglang_mmtrace.cli import bench as bench_cli
 from sglang_mmtrace.cli.bench import parse_size
@@ -126,6 +126,18 @@ def test_parts_and_levels_follow_the_stack_order() -> None:
         assert lv[i] == PARTS[:i]
     assert body_for(None) == {"on": False}
     assert body_for(("http", "tokenizer")) == {"on": True, "parts": ["http", "tokenizer"]}
+
+
+def test_a_grouped_level_out_of_stack_order_is_echoed() -> None:
+    """``--ablation-groups "http+ship,mm"``: the server answers the parts in stack order (http, mm,
+    ship); that is the level asked for (an H200 run stopped on the order before this check)."""
+    level = levels(("http+ship", "mm"))[2]
+    assert level == ("http", "ship", "mm")
+    assert echoes({"on": True, "parts": ["http", "mm", "ship"]}, level)
+    assert not echoes({"on": True, "parts": ["http", "mm"]}, level)
+    assert not echoes({"on": True, "parts": ["http", "mm", "ship", "ship"]}, level)
+    assert not echoes({"on": False, "parts": ["http", "mm", "ship"]}, level)
+    assert echoes({"on": False}, None) and not echoes({"on": True, "parts": list(PARTS)}, None)
 
 
 def test_options_defaults_per_experiment() -> None:

@@ -74,6 +74,15 @@ def body_for(level: Level) -> dict[str, Any]:
     return {"on": False} if level is None else {"on": True, "parts": list(level)}
 
 
+def echoes(answer: dict[str, Any], level: Level) -> bool:
+    """The server's answer sets ``level``: ``on`` matches, and so do the parts as a set, since the
+    server lists them in stack order (``PARTS``) whatever order a grouped ablation named them in."""
+    if level is None:
+        return answer.get("on") is False
+    parts = answer.get("parts") or []
+    return answer.get("on") is True and len(parts) == len(level) and set(parts) == set(level)
+
+
 def set_level(base_url: str, level: Level, timeout: float = 15.0) -> dict[str, Any]:
     """Flip the switch to ``level`` and return the server's answer once every process applied it.
 
@@ -83,7 +92,7 @@ def set_level(base_url: str, level: Level, timeout: float = 15.0) -> dict[str, A
     status, answer = http_json(base_url, "POST", ENABLED_PATH, body, timeout=timeout)
     if status != 200 or not isinstance(answer, dict):
         raise SwitchError(f"POST {ENABLED_PATH} {body} on {base_url}: HTTP {status} {str(answer)[:500]}")
-    if bool(answer.get("on")) != body["on"] or (level is not None and list(answer.get("parts") or []) != list(level)):
+    if not echoes(answer, level):
         raise SwitchError(f"POST {ENABLED_PATH} {body}: the answer does not echo it: {str(answer)[:500]}")
     return answer
 
