@@ -10,9 +10,9 @@ with a bootstrap interval (:func:`~sglang_mmtrace.bench.stats.bootstrap_median_d
 sides are resampled independently, since requests of two runs do not pair up), 95% unless
 ``--confidence`` says otherwise: at 95% about one stage in twenty whose time did not move is still
 called a change, so a check of many stages, or a check that must not cry wolf (an A/A in CI), asks
-for a higher level. A stage absent from
-a request counts as 0 s for it, so a stage that a cache skips shows its whole saving instead of
-dropping out of the comparison. A delta whose interval spans zero is labelled ``no change``.
+for a higher level. A stage absent from a request counts as 0 s for it, so a stage that a cache
+skips shows its whole saving instead of dropping out of the comparison. A delta whose interval
+spans zero is labelled ``no change``.
 
 Ranking, the largest effect on TTFT first: leaf stages (no child stage in the group) before the
 stages that contain others, since a parent's delta repeats its children's (``mm.process`` holds
