@@ -86,6 +86,7 @@ class FakeCuda:
         self.events: list[FakeEvent] = []
         self.streams: dict[int, FakeStream] = {}
         self.reads = 0
+        self.ready_asked = 0
         self.syncs: list[str] = []
 
     def gpu_work(self, ms: float) -> None:
@@ -97,8 +98,9 @@ class FakeCuda:
         raise HostSync(what)
 
     # -- the Runtime interface
-    def ready(self) -> bool:
-        return self.available and self.initialized
+    def ready(self) -> bool | None:
+        self.ready_asked += 1
+        return None if not self.available else self.initialized
 
     def stream(self, device: int) -> FakeStream:
         return self.streams.setdefault(device, FakeStream(self, device))
@@ -550,6 +552,25 @@ def test_clock_without_cuda_is_host(why: str, cuda: FakeCuda, monkeypatch: pytes
     clock = ss.Clock()
     assert clock.marks is None and clock.name == "host"
     assert isinstance(clock.mark(), float) and cuda.events == []
+
+
+def test_no_device_is_asked_once_and_not_yet_initialized_is_asked_again(cuda: FakeCuda) -> None:
+    """A CUDA build of torch without a GPU (the CPU server) cannot get one later: after the first
+    answer no forward asks again. CUDA not yet initialized (an API process before its first GPU
+    resize) is asked again, and marks start once it is."""
+    cuda.initialized = False
+    assert cuda_marks.device_marks() is None and cuda_marks.device_marks() is None
+    assert cuda.ready_asked == 2
+    cuda.initialized = True
+    assert cuda_marks.device_marks() is not None and cuda.ready_asked == 3
+    assert cuda_marks.device_marks() is not None and cuda.ready_asked == 3, "ready for the process's life"
+
+
+def test_no_device_is_never_asked_again(cuda: FakeCuda) -> None:
+    cuda.available = False
+    assert cuda_marks.device_marks() is None and cuda.ready_asked == 1
+    assert cuda_marks.device_marks() is None and cuda_marks.device_marks(0) is None
+    assert cuda.ready_asked == 1 and cuda_marks.runtime() is None
 
 
 def test_marks_ring_reuses_its_events_and_a_lapped_mark_reads_unreadable(

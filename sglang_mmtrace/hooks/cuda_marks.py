@@ -56,11 +56,15 @@ class Runtime:
             self.lib.cudaGetLastError()  # leave no error behind for SGLang's launch checks
         return rc == 0
 
-    def ready(self) -> bool:
-        """CUDA is in use in this process (never initializes it)."""
+    def ready(self) -> bool | None:
+        """CUDA is in use in this process (True), not yet (False), or never will be: no device (None).
+
+        Never initializes CUDA."""
         import torch
 
-        return torch.cuda.is_available() and torch.cuda.is_initialized()
+        if not torch.cuda.is_available():
+            return None
+        return torch.cuda.is_initialized()
 
     def stream(self, device: int) -> int:
         import torch
@@ -160,10 +164,16 @@ def runtime() -> Runtime | None:
 
 def device_marks(device: int | None = None) -> Marks | None:
     """The marks of ``device`` (default: the current one), or None while CUDA is not in use here."""
-    global _ready
+    global _ready, _runtime
     if not _ready:
         rt = runtime()
-        if rt is None or not rt.ready():
+        if rt is None:
+            return None
+        ready = rt.ready()
+        if ready is None:  # a CUDA build of torch on a machine without a GPU (the CPU server): none appears later
+            _runtime = None
+            return None
+        if not ready:
             return None
         _ready = True  # CUDA stays initialized for the process's life
     rt = _runtime
