@@ -58,7 +58,6 @@ FLIP_TIMEOUT_S = 5.0
 FLIP_RESEND_S = 0.2
 
 
-
 class Sink(Protocol):
     PART: str  # the switch part that gates it
 
