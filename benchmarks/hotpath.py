@@ -26,6 +26,7 @@ clock, minus its idle rate (the API process runs no plugin thread).
 
     python -m benchmarks.hotpath                 # all processes, writes results/hotpath.json
     python -m benchmarks.hotpath --reps 5000     # quicker
+    python -m benchmarks.hotpath --processes scheduler --cold --leave-out   # each scheduler hook, left out in turn
 """
 
 from __future__ import annotations
@@ -634,8 +635,28 @@ class Mode:
 EXTEND, DECODE = Mode(True), Mode(False)
 
 
-def build_scheduler(traced: bool) -> tuple[Callable[[bool], Callable[[], Any]], Callable[[int], Callable[[], Any]]]:
-    """One arm of the scheduler process; returns ``(prefill_sample(image), decode_sample(batch_size))``."""
+SCHEDULER_HOOKS = (
+    "scheduler.recv_requests",
+    "scheduler.add_to_queue",
+    "schedule_batch.match",
+    "schedule_batch.prepare_for_extend",
+    "scheduler.run_batch",
+    "model_runner.forward",
+    "mm_embedding.prepare",
+    "mm_embedding.vision_encoder",
+    "model_runner.sample",
+    "batch_result.prefill",
+    "batch_result.stream_output",
+)
+"""The scheduler hooks a prefill meets, in call order (``--leave-out`` drops each in turn)."""
+
+
+def build_scheduler(
+    traced: bool, skip: str | None = None
+) -> tuple[Callable[[bool], Callable[[], Any]], Callable[[int], Callable[[], Any]]]:
+    """One arm of the scheduler process; returns ``(prefill_sample(image), decode_sample(batch_size))``.
+
+    ``skip``: a hook of ``SCHEDULER_HOOKS`` left unwrapped (``--leave-out``)."""
 
     class Req:  # schedule_batch.Req
         def __init__(self, rid: str, mm: Any) -> None:
@@ -714,17 +735,22 @@ def build_scheduler(traced: bool) -> tuple[Callable[[bool], Callable[[], Any]], 
 
     prepare_mm = prepare_mm_inputs
     if traced:
-        wrap_method(Receiver, "recv_requests", "scheduler.recv_requests", "sync")
-        wrap_method(Scheduler, "_add_request_to_queue", "scheduler.add_to_queue", "sync")
-        wrap_method(Scheduler, "run_batch", "scheduler.run_batch", "sync")
-        wrap_method(Req, "init_next_round_input", "schedule_batch.match", "sync")
-        wrap_method(ScheduleBatch, "prepare_for_extend", "schedule_batch.prepare_for_extend", "sync")
-        wrap_method(ModelRunner, "forward", "model_runner.forward", "sync")
-        wrap_method(ModelRunner, "sample", "model_runner.sample", "sync")
-        wrap_method(Model, "get_image_feature", "mm_embedding.vision_encoder", "sync")
-        wrap_method(BatchResultProcessor, "process_batch_result_prefill", "batch_result.prefill", "sync")
-        wrap_method(BatchResultProcessor, "stream_output", "batch_result.stream_output", "sync")
-        prepare_mm = wrap_function(prepare_mm_inputs, "mm_embedding.prepare", "sync")
+        for cls, attr, hook_id in (
+            (Receiver, "recv_requests", "scheduler.recv_requests"),
+            (Scheduler, "_add_request_to_queue", "scheduler.add_to_queue"),
+            (Scheduler, "run_batch", "scheduler.run_batch"),
+            (Req, "init_next_round_input", "schedule_batch.match"),
+            (ScheduleBatch, "prepare_for_extend", "schedule_batch.prepare_for_extend"),
+            (ModelRunner, "forward", "model_runner.forward"),
+            (ModelRunner, "sample", "model_runner.sample"),
+            (Model, "get_image_feature", "mm_embedding.vision_encoder"),
+            (BatchResultProcessor, "process_batch_result_prefill", "batch_result.prefill"),
+            (BatchResultProcessor, "stream_output", "batch_result.stream_output"),
+        ):
+            if hook_id != skip:
+                wrap_method(cls, attr, hook_id, "sync")
+        if skip != "mm_embedding.prepare":
+            prepare_mm = wrap_function(prepare_mm_inputs, "mm_embedding.prepare", "sync")
 
     receiver, scheduler, results = Receiver(), Scheduler(), BatchResultProcessor()
 
@@ -861,7 +887,32 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
         steps[f"loop_iteration_decode_batch_{n}"] = summarize(
             samples, f"µs per decode step (recv_requests empty + run_batch{{forward, sample}}, batch {n})"
         )
-    return worker_result(results, to_handoff, steps, background, checks)
+    out = worker_result(results, to_handoff, steps, background, checks)
+    if args.leave_out:
+        out["leave_out"] = leave_out(plain_prefill, args, collect)
+    return out
+
+
+def leave_out(
+    plain_prefill: Callable[[bool], Callable[[], Any]], args: argparse.Namespace, collect: Callable[[], None]
+) -> dict[str, Any]:
+    """Image prefill up to the hand-off with every hook (``none``), then with each of ``SCHEDULER_HOOKS``
+    left out in turn, each against the plain arm: what one hooked call costs where it stands. A hook that
+    creates the request's or the batch's state (``add_to_queue``, ``run_batch``) takes the later hooks'
+    work with it, so the differences do not add up to the whole."""
+    out: dict[str, Any] = {}
+    for skip in (None, *SCHEDULER_HOOKS):
+        traced = build_scheduler(True, skip)[0]
+        samples = interleave(
+            {"plain": lambda: plain_prefill(True), "traced": lambda traced=traced: traced(True)},
+            args.reps,
+            args.warmup,
+            seed=6,
+            after_block=collect,
+            block=256,
+        )
+        out[skip or "none"] = summarize(samples, "µs per image request up to stream_output", "@handoff")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -986,6 +1037,9 @@ def table(result: dict[str, Any]) -> str:
     for proc, body in result["processes"].items():
         for name, s in body["per_decode_step"].items():
             lines.append(fmt_row(proc, f"per step: {name}", s))
+    for proc, body in result["processes"].items():
+        for name, s in body.get("leave_out", {}).items():
+            lines.append(fmt_row(proc, f"image, up to the hand-off, without {name}", s))
     bg = [
         f"- {proc} background thread `{b['thread']}`: {b['cpu_us_per_traced_request']:.2f} µs CPU per traced request "
         f"(idle: {b['idle_cpu_us_per_s']:.0f} µs CPU per s)"
@@ -1007,6 +1061,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", nargs="+", default=list(WORKERS), choices=list(WORKERS))
     ap.add_argument("--json", default=str(RESULTS / "hotpath.json"))
     ap.add_argument("--cold", action="store_true", help="evict the CPU caches before every sample (see COLD_BYTES)")
+    ap.add_argument(
+        "--leave-out",
+        action="store_true",
+        help="scheduler: also time the image prefill with each hook left out in turn (--reps samples each)",
+    )
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1026,6 +1085,7 @@ def main(argv: list[str] | None = None) -> int:
             "step_block": STEP_BLOCK,
             "batch_sizes": args.batch_sizes,
             "cold": args.cold,
+            "leave_out": args.leave_out,
         },
         "method": (
             "stand-ins of the hooked SGLang targets, wrapped with the real hook wrappers (registry.HOOKS[id].make(kind)) "
@@ -1042,6 +1102,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--reps", str(args.reps), "--warmup", str(args.warmup), "--steps", str(args.steps)]
         cmd += ["--step-reps", str(args.step_reps), "--batch-sizes", *map(str, args.batch_sizes)]
         cmd += ["--cold"] if args.cold else []
+        cmd += ["--leave-out"] if args.leave_out and proc == "scheduler" else []
         print(f"[hotpath] {proc} ...", flush=True)
         subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
         result["processes"][proc] = json.loads(Path(out).read_text())
