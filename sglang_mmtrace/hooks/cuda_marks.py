@@ -172,7 +172,6 @@ def device_marks(device: int | None = None) -> Marks | None:
         ready = rt.ready()
         if ready is None:  # a CUDA build of torch on a machine without a GPU (the CPU server): none appears later
             _runtime = None
-            return None
         if not ready:
             return None
         _ready = True  # CUDA stays initialized for the process's life

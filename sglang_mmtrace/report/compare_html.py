@@ -6,7 +6,8 @@ Per group compared (see :mod:`sglang_mmtrace.report.compare`):
   times, so nested stages do not count twice), each against its TTFT p50 tick;
 - ``delta``: one horizontal bar per stage, ranked as in the table (TTFT first, then the leaf stages,
   then below a dashed line, in grey, the stages that contain others), from zero to ``delta_p50``
-  with the interval (95% unless ``--confidence`` says otherwise) as a whisker; a ``no change`` bar is pale, so what changed stands out;
+  with the interval (95% unless ``--confidence`` says otherwise) as a whisker; a ``no change`` bar
+  is pale, so what changed stands out;
 - the cache hit ratios of both sides, and the ranked stage table.
 The groups found on one side only are listed. Every string from the records is escaped.
 """
