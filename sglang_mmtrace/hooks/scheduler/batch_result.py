@@ -1,7 +1,10 @@
-"""Prefill batch results (scheduler process): first token to the detokenizer; model stages read.
+"""Prefill batch results (scheduler process): first token to the detokenizer; the forward's events built.
 
 By the time ``process_batch_result_prefill`` returns, SGLang has synchronized the batch's copy-done
-event, so the CUDA events of the forward can be read without adding a host sync.
+event, so the CUDA events of the forward can be read without adding a host sync, and it has handed
+the first tokens on (``stream_output``). So the scheduler's events of a prefill forward are built
+here, from the times the earlier hooks stored (admission, ``run_batch``, the model's marks): that
+work runs after the hand-off, off the first token's way to the client.
 """
 
 from __future__ import annotations
@@ -11,6 +14,31 @@ from typing import Any
 from ...sinks import nvtx
 from ..base import HookSpec, Wrapper, arg, interval
 from . import state as ss
+from .schedule_batch import prefix_images
+
+
+def _emit_admission(req: Any, tr: ss.ReqTrace) -> None:
+    """``scheduler.queue`` and ``scheduler.prefix_match`` from what admission read (once per request)."""
+    m0, m1, cached, prefix = tr.admission
+    tr.admission = None
+    tr.vit_skipped = prefix_images(req, prefix)
+    ss.emit(tr.rid, "scheduler.queue", tr.t_enqueue, m0)
+    attrs = {
+        "cached_tokens": int(cached or 0),
+        "prompt_tokens": len(req.origin_input_ids),
+        "image_prefix_hit": tr.vit_skipped > 0,
+    }
+    ss.emit(tr.rid, "scheduler.prefix_match", m0, m1, attrs=attrs)
+
+
+def _emit_forward(ctx: ss.FwdCtx) -> None:
+    """``scheduler.batch`` (each request's first forward) and ``model.forward``: host-timed."""
+    attrs = {"batch_size": ctx.batch_size}
+    for tr in ctx.traces:
+        if tr.t_match1 is not None:
+            ss.emit(tr.rid, "scheduler.batch", tr.t_match1, ctx.t0, attrs=attrs)
+            tr.t_match1 = None  # emitted once: later chunks go straight from result to forward
+    ss.emit(ctx.rids, "model.forward", ctx.t0, ctx.t1, attrs=attrs)
 
 
 def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
@@ -73,6 +101,8 @@ def _result_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         tr = getattr(req, "_mmtrace", None)
         if tr is None or tr.fwd is None:
             continue
+        if tr.admission is not None:
+            _emit_admission(req, tr)
         ctxs[id(tr.fwd)] = tr.fwd
         tr.fwd = None
         if not tr.first_token and _has_output(req):
@@ -81,6 +111,7 @@ def _result_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     for ctx in ctxs.values():
         if ss.current is ctx:
             ss.current = None  # do not keep the batch's requests alive while the scheduler idles
+        _emit_forward(ctx)
         _emit_model_stages(ctx, ctx.batch_size)
         ctx.traces = []  # read once; no trace -> forward -> trace cycle is left for the GC
         ready = max(ctx.t1, ctx.t_sample_end or ctx.t1)

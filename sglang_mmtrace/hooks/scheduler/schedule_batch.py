@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import HookSpec, interval
-from . import state as ss
 
 
 def _match_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -14,18 +13,12 @@ def _match_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         tr.t_match0, tr.t_match1 = t0, t1  # the last match before admission is the adopted one
 
 
-def image_prefix_hit(req: Any) -> bool:
-    """True when every image span of the request lies inside the matched prefix (ViT skipped)."""
-    return _prefix_images(req) > 0
-
-
-def _prefix_images(req: Any) -> int:
-    """Image spans of the request when all of them lie inside the matched prefix, else 0."""
+def prefix_images(req: Any, prefix: int) -> int:
+    """Image spans of the request when all of them lie inside a prefix of ``prefix`` tokens, else 0."""
     mm = getattr(req, "multimodal_inputs", None)
     items = getattr(mm, "mm_items", None) if mm is not None else None
     if not items:
         return 0
-    prefix = _prefix_len(req)
     spans = [e for item in items for _, e in (item.offsets or ())]
     return len(spans) if spans and all(e < prefix for e in spans) else 0
 
@@ -39,6 +32,8 @@ def _prefix_len(req: Any) -> int:
 
 
 def _prepare_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """Admission: read what the prefill will change (the adopted match, the cached tokens, the prefix
+    length); its events are built after the first token's hand-off (``batch_result``)."""
     if exc is not None:
         return
     for req in instance.reqs:
@@ -46,20 +41,12 @@ def _prepare_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         if tr is None or tr.admitted:
             continue
         tr.admitted = True
-        m0 = tr.t_match0 if tr.t_match0 is not None else t0
         m1 = tr.t_match1 if tr.t_match1 is not None else t0
-        ss.emit(req.rid, "scheduler.queue", tr.t_enqueue, m0)
-        tr.vit_skipped = _prefix_images(req)
-        ss.emit(
-            req.rid,
-            "scheduler.prefix_match",
-            m0,
+        tr.admission = (
+            tr.t_match0 if tr.t_match0 is not None else t0,
             m1,
-            attrs={
-                "cached_tokens": int(getattr(req, "cached_tokens", 0) or 0),
-                "prompt_tokens": len(req.origin_input_ids),
-                "image_prefix_hit": tr.vit_skipped > 0,
-            },
+            getattr(req, "cached_tokens", 0),
+            _prefix_len(req),
         )
         tr.t_match1 = m1
 

@@ -51,17 +51,12 @@ def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     for tr in traces:
         tr.fwd = ctx  # the overlap scheduler processes a copy of the batch: keep it on the requests' traces
     ss.current = ctx
-    return batch, ctx
+    return ctx
 
 
 def _run_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    batch, ctx = st
-    ctx.t0, ctx.t1 = t0, t1
-    for tr in ctx.traces:
-        if tr.t_match1 is not None:
-            ss.emit(tr.rid, "scheduler.batch", tr.t_match1, t0, attrs={"batch_size": len(batch.reqs)})
-            tr.t_match1 = None  # emitted once: later chunks go straight from result to forward
-    ss.emit(ctx.rids, "model.forward", t0, t1, attrs={"batch_size": len(batch.reqs)})
+    # times only: the forward's events are built with its result, after the hand-off (batch_result)
+    st.t0, st.t1 = t0, t1
 
 
 def _forward_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:

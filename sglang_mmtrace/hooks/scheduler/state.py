@@ -20,7 +20,21 @@ _ship = switch.gate("ship")
 
 
 class ReqTrace:
-    __slots__ = ("rid", "t_recv", "t_enqueue", "t_match0", "t_match1", "admitted", "first_token", "fwd", "vit_skipped")
+    """One request's scheduler timestamps. Before the first token's hand-off the hooks only store
+    times and the few values that change later; the events are built after it (``batch_result``)."""
+
+    __slots__ = (
+        "rid",
+        "t_recv",
+        "t_enqueue",
+        "t_match0",
+        "t_match1",
+        "admitted",
+        "admission",
+        "first_token",
+        "fwd",
+        "vit_skipped",
+    )
 
     def __init__(self, t_recv: float, t_enqueue: float, rid: str) -> None:
         self.rid = rid
@@ -29,6 +43,9 @@ class ReqTrace:
         self.t_match0: float | None = None
         self.t_match1: float | None = None
         self.admitted = False
+        self.admission: tuple[float, float, int, int] | None = None
+        """(match start, match end, cached tokens, prefix length) as read at admission, until its
+        ``scheduler.queue`` and ``scheduler.prefix_match`` events are built."""
         self.first_token = False
         self.fwd: FwdCtx | None = None  # the last prefill forward, until its result is processed
         self.vit_skipped = 0  # images whose encoder run the radix prefix made unnecessary

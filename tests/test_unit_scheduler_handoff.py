@@ -1,0 +1,127 @@
+"""Before a request's first token is handed to the detokenizer, the scheduler's hooks only store times.
+
+Its events (``scheduler.queue``, ``scheduler.prefix_match``, ``scheduler.batch``, ``model.forward``
+and the model stages) are built when the prefill result has been processed, after ``stream_output``:
+that work is then off the first token's way to the client. What admission reads must still be what
+it was at admission (the prefill changes the cached tokens and the prefix). The real hook wrappers
+run around stand-ins of SGLang's ``Req``, ``ScheduleBatch`` and scheduler methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sglang_mmtrace import runtime
+from sglang_mmtrace.hooks.scheduler import batch_result, schedule_batch, scheduler
+from sglang_mmtrace.hooks.scheduler import state as ss
+
+
+class Box:
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, ...]] = []
+
+    def add(self, rids: Any, stage: str, t0: float, t1: float, clock: str = "host", attrs: Any = None) -> None:
+        self.sent.append((rids, stage, t0, t1, clock, attrs or {}))
+
+    def one(self, stage: str) -> tuple[Any, ...]:
+        (ev,) = [e for e in self.sent if e[1] == stage]
+        return ev
+
+
+class Req:
+    """The attributes of SGLang's ``Req`` the scheduler hooks read: one image at tokens 2-9."""
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.output_ids: list[int] = []
+        self.origin_input_ids = list(range(20))
+        self.cached_tokens = 0
+        self.prefix_indices: list[int] = []
+        self.multimodal_inputs = SimpleNamespace(mm_items=[SimpleNamespace(offsets=[(2, 9)])])
+
+    def init_next_round_input(self) -> None:  # the radix match: the first 12 tokens are cached
+        self.prefix_indices = list(range(12))
+        self.cached_tokens = 12
+
+    def finished(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def box(monkeypatch: pytest.MonkeyPatch) -> Iterator[Box]:
+    b = Box()
+    monkeypatch.setattr(runtime, "outbox", b)
+    monkeypatch.setattr(ss, "current", None)
+    monkeypatch.setattr(ss, "last_stream_end", 0.0)
+    yield b
+
+
+def hook(hook_id: str, module: Any) -> Any:
+    return module.HOOKS[hook_id].make("sync")
+
+
+def test_admission_is_read_before_the_prefill_and_filed_after_the_hand_off(box: Box) -> None:
+    req = Req("A")
+    hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (req,), {})
+    hook("schedule_batch.match", schedule_batch)(lambda: req.init_next_round_input(), req, (), {})
+    sb = SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_extend=lambda: True))
+    hook("schedule_batch.prepare_for_extend", schedule_batch)(lambda: None, sb, (), {})
+    assert hook("scheduler.run_batch", scheduler)(lambda b: "result", None, (sb,), {}) == "result"
+    assert [e[1] for e in box.sent] == ["scheduler.recv"]  # nothing else before the hand-off
+
+    # what the prefill changes after admission: the whole prompt is in the radix cache now
+    req.prefix_indices, req.cached_tokens = list(range(20)), 99
+    req.output_ids = [7]
+
+    def process_batch_result_prefill(b: Any, res: Any) -> Any:
+        scheduler_stream = hook("batch_result.stream_output", batch_result)
+        scheduler_stream(lambda reqs: None, None, (b.reqs,), {})
+        assert [e[1] for e in box.sent] == ["scheduler.recv"]  # handing the first token on: still nothing
+        return res
+
+    assert hook("batch_result.prefill", batch_result)(process_batch_result_prefill, None, (sb, "r"), {}) == "r"
+    stages = [e[1] for e in box.sent]
+    assert stages[:5] == [
+        "scheduler.recv",
+        "scheduler.queue",
+        "scheduler.prefix_match",
+        "scheduler.batch",
+        "model.forward",
+    ]
+    assert stages[-1] == "scheduler.output"
+
+    recv, queue, match = box.one("scheduler.recv"), box.one("scheduler.queue"), box.one("scheduler.prefix_match")
+    batch, forward = box.one("scheduler.batch"), box.one("model.forward")
+    assert recv[3] <= queue[2] and queue[3] == match[2] and match[3] == batch[2] and batch[3] == forward[2]
+    assert match[5] == {"cached_tokens": 12, "prompt_tokens": 20, "image_prefix_hit": True}  # as at admission
+    assert batch[5] == forward[5] == {"batch_size": 1} and forward[0] == ("A",)
+    skipped = box.one("model.vision_encoder")  # the image was in the matched prefix: the encoder's marker
+    assert skipped[2] == skipped[3] and skipped[5]["skipped"] is True and skipped[5]["images"] == 1
+    assert req._mmtrace.admission is None and req._mmtrace.t_match1 is None  # filed once
+
+
+def test_a_chunked_prefill_files_its_admission_once_and_each_chunks_forward(box: Box) -> None:
+    req = Req("A")
+    hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (req,), {})
+    sb = SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_extend=lambda: True))
+    for chunk in range(2):
+        hook("schedule_batch.prepare_for_extend", schedule_batch)(lambda: None, sb, (), {})
+        hook("scheduler.run_batch", scheduler)(lambda b: "result", None, (sb,), {})
+        req.output_ids = [7] if chunk == 1 else []  # the last chunk samples the first token
+        hook("batch_result.prefill", batch_result)(lambda b, res: res, None, (sb, "r"), {})
+    stages = [e[1] for e in box.sent if e[1] != "scheduler.overlap_wait"]  # result processed after run_batch
+    assert stages == [
+        "scheduler.recv",
+        "scheduler.queue",
+        "scheduler.prefix_match",
+        "scheduler.batch",
+        "model.forward",
+        "model.forward",
+        "scheduler.output",
+    ]
+    first, second = [e for e in box.sent if e[1] == "model.forward"]
+    assert first[3] <= second[2]
