@@ -26,7 +26,7 @@ clock, minus its idle rate (the API process runs no plugin thread).
 
     python -m benchmarks.hotpath                 # all processes, writes results/hotpath.json
     python -m benchmarks.hotpath --reps 5000     # quicker
-    python -m benchmarks.hotpath --processes scheduler --cold --leave-out   # each scheduler hook, left out in turn
+    python -m benchmarks.hotpath --processes api scheduler --cold --leave-out   # each hook left out in turn
 """
 
 from __future__ import annotations
@@ -279,8 +279,29 @@ FEATURE_BYTES = IMAGE_TOKENS * 4 * 1536 * 4  # pixel values of a 512x512 image, 
 # API process
 
 
-def build_api(traced: bool, steps: int) -> Callable[[bool], Callable[[], Any]]:
-    """One arm of the API process; returns ``sample(image) -> timed call``."""
+API_HOOKS = (
+    "http_server.app",
+    "openai_serving.handle_request",
+    "openai_serving.convert",
+    "tokenizer_manager.init_req_state",
+    "tokenizer_manager.tokenize",
+    "mm_processor.process",
+    "mm_processor.load",
+    "mm_processor.preprocess_cache",
+    "mm_processor.decode",
+    "mm_processor.resize_normalize",
+    "mm_processor.expand",
+    "tokenizer_manager.dispatch",
+    "transport.wrap_shm_features",
+    "tokenizer_manager.batch_output",
+)
+"""The API hooks an image request meets, in call order (``--leave-out`` drops each in turn)."""
+
+
+def build_api(traced: bool, steps: int, skip: str | None = None) -> Callable[[bool], Callable[[], Any]]:
+    """One arm of the API process; returns ``sample(image) -> timed call``.
+
+    ``skip``: a hook of ``API_HOOKS`` left unwrapped (``--leave-out``)."""
 
     class Executor:  # SGLang's sglang-mm-io pool, run inline
         def submit(self, fn, /, *args, **kwargs):
@@ -375,15 +396,21 @@ def build_api(traced: bool, steps: int) -> Callable[[bool], Callable[[], Any]]:
             ("prepare_artifact_batch", "mm_processor.resize_normalize"),
             ("compose_image_artifacts", "mm_processor.expand"),
         ):
-            wrap_method(Processor, attr, hid, "sync")
-        wrap_method(Processor, "process_mm_data_async", "mm_processor.process", "async")
-        wrap_method(TokenizerManager, "_init_req_state", "tokenizer_manager.init_req_state", "sync")
-        wrap_method(TokenizerManager, "_tokenize_one_request", "tokenizer_manager.tokenize", "async")
-        wrap_method(TokenizerManager, "_send_one_request", "tokenizer_manager.dispatch", "async")
-        wrap_method(TokenizerManager, "_handle_batch_output", "tokenizer_manager.batch_output", "async")
-        wrap_method(OpenAIServingChat, "_convert_to_internal_request", "openai_serving.convert", "sync")
-        wrap_method(OpenAIServingChat, "handle_request", "openai_serving.handle_request", "async")
-        wrap_shm = wrap_function(wrap_shm_features, "transport.wrap_shm_features", "sync")
+            if hid != skip:
+                wrap_method(Processor, attr, hid, "sync")
+        for cls, attr, hid, kind in (
+            (Processor, "process_mm_data_async", "mm_processor.process", "async"),
+            (TokenizerManager, "_init_req_state", "tokenizer_manager.init_req_state", "sync"),
+            (TokenizerManager, "_tokenize_one_request", "tokenizer_manager.tokenize", "async"),
+            (TokenizerManager, "_send_one_request", "tokenizer_manager.dispatch", "async"),
+            (TokenizerManager, "_handle_batch_output", "tokenizer_manager.batch_output", "async"),
+            (OpenAIServingChat, "_convert_to_internal_request", "openai_serving.convert", "sync"),
+            (OpenAIServingChat, "handle_request", "openai_serving.handle_request", "async"),
+        ):
+            if hid != skip:
+                wrap_method(cls, attr, hid, kind)
+        if skip != "transport.wrap_shm_features":
+            wrap_shm = wrap_function(wrap_shm_features, "transport.wrap_shm_features", "sync")
 
     serving = OpenAIServingChat(TokenizerManager())  # built once per process, like SGLang's
     body = {"type": "http.request", "body": b'{"model":"default","stream":true}', "more_body": False}
@@ -400,7 +427,7 @@ def build_api(traced: bool, steps: int) -> Callable[[bool], Callable[[], Any]]:
         await serving.handle_request(scope["_request"], NS(scope=scope, send=send))
 
     entry: Any = app
-    if traced:
+    if traced and skip != "http_server.app":
         from sglang_mmtrace.hooks.api.http_server import MmtraceMiddleware
 
         entry = MmtraceMiddleware(app)
@@ -583,6 +610,28 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
         results[kind] = summarize(samples, f"µs per request ({args.steps} output steps)")
         to_handoff[kind] = summarize(samples, "µs per request, up to its first SSE body bytes", "@handoff")
     background = meter.stop(traced_requests)
+    leave_out_result = None
+    if args.leave_out:
+
+        def traced_without(skip: str | None) -> Callable[[], Any]:
+            build = build_api(True, args.steps, skip)
+
+            def sample() -> Callable[[], Any]:
+                call = build(True)
+                pending.append(call.rid)  # type: ignore[attr-defined]
+                return call
+
+            return sample
+
+        leave_out_result = leave_out(
+            API_HOOKS,
+            traced_without,
+            lambda: plain(True),
+            args,
+            flush_remote,
+            "µs per image request up to its first SSE body bytes",
+        )
+        traced_requests += (len(API_HOOKS) + 1) * (args.reps + args.warmup)
     deadline = time.time() + 10
     while records_built() - records_before < traced_requests and time.time() < deadline:
         time.sleep(0.2)
@@ -615,7 +664,10 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
     steps["middleware_per_sse_chunk"] = summarize(
         sse, "µs per SSE body chunk (200-chunk response, fixed cost amortized)"
     )
-    return worker_result(results, to_handoff, steps, background, checks)
+    out = worker_result(results, to_handoff, steps, background, checks)
+    if leave_out_result is not None:
+        out["leave_out"] = leave_out_result
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -889,29 +941,41 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
         )
     out = worker_result(results, to_handoff, steps, background, checks)
     if args.leave_out:
-        out["leave_out"] = leave_out(plain_prefill, args, collect)
+        out["leave_out"] = leave_out(
+            SCHEDULER_HOOKS,
+            lambda skip: lambda: build_scheduler(True, skip)[0](True),
+            lambda: plain_prefill(True),
+            args,
+            collect,
+            "µs per image request up to stream_output",
+        )
     return out
 
 
 def leave_out(
-    plain_prefill: Callable[[bool], Callable[[], Any]], args: argparse.Namespace, collect: Callable[[], None]
+    hook_ids: tuple[str, ...],
+    traced_without: Callable[[str | None], Callable[[], Callable[[], Any]]],
+    plain: Callable[[], Callable[[], Any]],
+    args: argparse.Namespace,
+    after_block: Callable[[], None],
+    unit: str,
 ) -> dict[str, Any]:
-    """Image prefill up to the hand-off with every hook (``none``), then with each of ``SCHEDULER_HOOKS``
-    left out in turn, each against the plain arm: what one hooked call costs where it stands. A hook that
-    creates the request's or the batch's state (``add_to_queue``, ``run_batch``) takes the later hooks'
-    work with it, so the differences do not add up to the whole."""
+    """An image request up to the hand-off with every hook (``none``), then with each of ``hook_ids``
+    left out in turn (``traced_without(hook_id)`` builds that arm), each against the plain arm: what one
+    hooked call costs where it stands. A hook that creates the request's or the batch's state
+    (``add_to_queue``, ``run_batch``; the API's middleware and ``init_req_state``) takes the later
+    hooks' work with it, so the differences do not add up to the whole."""
     out: dict[str, Any] = {}
-    for skip in (None, *SCHEDULER_HOOKS):
-        traced = build_scheduler(True, skip)[0]
+    for skip in (None, *hook_ids):
         samples = interleave(
-            {"plain": lambda: plain_prefill(True), "traced": lambda traced=traced: traced(True)},
+            {"plain": plain, "traced": traced_without(skip)},
             args.reps,
             args.warmup,
             seed=6,
-            after_block=collect,
+            after_block=after_block,
             block=256,
         )
-        out[skip or "none"] = summarize(samples, "µs per image request up to stream_output", "@handoff")
+        out[skip or "none"] = summarize(samples, unit, "@handoff")
     return out
 
 
@@ -1064,7 +1128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--leave-out",
         action="store_true",
-        help="scheduler: also time the image prefill with each hook left out in turn (--reps samples each)",
+        help="api, scheduler: also time an image request up to the hand-off with each hook left out in turn "
+        "(--reps samples each)",
     )
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -1102,7 +1167,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--reps", str(args.reps), "--warmup", str(args.warmup), "--steps", str(args.steps)]
         cmd += ["--step-reps", str(args.step_reps), "--batch-sizes", *map(str, args.batch_sizes)]
         cmd += ["--cold"] if args.cold else []
-        cmd += ["--leave-out"] if args.leave_out and proc == "scheduler" else []
+        cmd += ["--leave-out"] if args.leave_out and proc in ("api", "scheduler") else []
         print(f"[hotpath] {proc} ...", flush=True)
         subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
         result["processes"][proc] = json.loads(Path(out).read_text())
