@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ROLES = ("api", "scheduler", "detokenizer", "other")
+ROLES = ("api", "scheduler", "detokenizer", "collector", "other")
+ACCOUNTED = ROLES[:-1]
+"""The roles whose CPU time the benchmarks report (``collector``: the plugin's own process)."""
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -52,13 +54,16 @@ def children_of(pid: int) -> list[int]:
 
 
 def role(pid: int) -> str:
-    """scheduler / detokenizer from the process title (cmdline, else comm); anything else is ``other``."""
+    """scheduler / detokenizer from the process title (cmdline, else comm), the plugin's collector from its
+    command line; anything else is ``other``."""
     text = ""
     for name in ("cmdline", "comm"):
         try:
             text += Path(f"/proc/{pid}/{name}").read_bytes().replace(b"\0", b" ").decode(errors="replace").lower()
         except OSError:
             continue
+    if "sglang_mmtrace.join.collector" in text:
+        return "collector"
     if "sglang::detokenizer" in text or "detokenizer" in text:
         return "detokenizer"
     if "sglang::schedul" in text or "scheduler" in text:

@@ -7,11 +7,16 @@ generates the full length. The run is cut into segments of ``segment_s`` seconds
 alternates ABBA by pair (on/off, off/on, ...), the switch flipped at each segment start while the
 load keeps running; the first ``settle_s`` seconds after a flip are excluded.
 
-Per segment, over its window: output tokens/s (``usage.completion_tokens`` of the requests that
-completed in the window), requests completed, and the CPU seconds (utime + stime from /proc) of
-the API process and of the scheduler and detokenizer processes, read at the window's ends. Per
-arm: tokens/s (mean over segments) and CPU milliseconds per completed request by process. The
-ratio on/off is the ratio of the arms' mean tokens/s, with a t interval over segment pairs.
+Per segment, over its window: output tokens/s, requests completed, and the CPU seconds (utime +
+stime from /proc) of the API process, the scheduler and detokenizer processes and the plugin's
+collector, read at the window's ends. The tokens are those streamed inside the window
+(``streamed_in``: each request's first token at its client TTFT, its other tokens spread evenly up
+to its end), not the tokens of the requests that completed in it: clients that start together
+finish together, so a window held whole waves of requests (on the CPU server 64 clients' waves made
+a 28 s window read 73 or 146 tokens/s and nothing between; on the H200 ~5 waves, +-20%). The CPU is
+per request the same way: per the share of each request's time that lies in the window. Per arm:
+tokens/s (mean over segments) and CPU milliseconds per request by process. The ratio on/off is the
+ratio of the arms' mean tokens/s, with a t interval over segment pairs.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 from .client import send
 from .experiments import Options
 from .overhead import KINDS, workload_for
-from .procs import cpu_by_role, server_processes
+from .procs import ACCOUNTED, cpu_by_role, server_processes
 from .stats import ratio_of_means_ci
 from .switchctl import PARTS, Flipper, SwitchError
 
@@ -54,18 +59,42 @@ class Done:
     ok: bool
     completion_tokens: int
     error: str | None = None
+    t_first: float | None = None  # the first token (client TTFT after t_start)
+
+
+def _overlap(a0: float, a1: float, w0: float, w1: float) -> float:
+    return max(0.0, min(a1, w1) - max(a0, w0))
+
+
+def streamed_in(d: Done, w0: float, w1: float) -> float:
+    """Output tokens of ``d`` streamed inside [w0, w1): the first at ``t_first``, the others spread
+    evenly over (``t_first``, ``t_end``] (all at ``t_end`` when the first token's time is unknown)."""
+    if not d.ok or d.completion_tokens <= 0:
+        return 0.0
+    tf = d.t_first if d.t_first is not None else d.t_end
+    first = 1.0 if w0 <= tf < w1 else 0.0
+    rest = d.completion_tokens - 1
+    span = d.t_end - tf
+    if rest <= 0 or span <= 0:
+        return first + (rest if rest > 0 and w0 <= d.t_end < w1 else 0.0)
+    return first + rest * _overlap(tf, d.t_end, w0, w1) / span
 
 
 def window_stats(done: list[Done], w0: float, w1: float) -> dict[str, Any]:
-    """Requests that completed inside [w0, w1): count, errors, output tokens, tokens/s."""
+    """Over [w0, w1): requests completed and failed, the tokens streamed (``streamed_in``) and their
+    rate, and ``request_share``: the requests' time inside the window, in whole requests."""
     ended = [d for d in done if w0 <= d.t_end < w1]
     ok = [d for d in ended if d.ok]
-    tokens = sum(d.completion_tokens for d in ok)
+    tokens = sum(streamed_in(d, w0, w1) for d in done)
+    share = sum(
+        _overlap(d.t_start, d.t_end, w0, w1) / (d.t_end - d.t_start) for d in done if d.ok and d.t_end > d.t_start
+    )
     return {
         "window_s": round(w1 - w0, 3),
         "requests": len(ok),
         "errors": len(ended) - len(ok),
-        "output_tokens": tokens,
+        "request_share": round(share, 3),
+        "output_tokens": round(tokens, 1),
         "tokens_per_s": round(tokens / (w1 - w0), 2) if w1 > w0 else None,
         "by_kind": {k: sum(1 for d in ok if d.kind == k) for k in KINDS},
     }
@@ -73,19 +102,19 @@ def window_stats(done: list[Done], w0: float, w1: float) -> dict[str, Any]:
 
 def summarize_segments(segments: list[dict[str, Any]]) -> dict[str, Any]:
     """Per arm tokens/s and CPU per request; the on/off ratio over complete segment pairs."""
-    valid = [s for s in segments if not s.get("flip_error") and s["requests"]]
+    valid = [s for s in segments if not s.get("flip_error") and s["request_share"]]
     arms: dict[str, Any] = {}
     for arm in ("on", "off"):
         segs = [s for s in valid if s["arm"] == arm]
-        reqs = sum(s["requests"] for s in segs)
+        reqs = sum(s["request_share"] for s in segs)
         cpu = {
             r: sum(s["cpu_s"][r] for s in segs) if segs and all(r in s["cpu_s"] for s in segs) else None
-            for r in ("api", "scheduler", "detokenizer")
+            for r in ACCOUNTED
         }
         arms[arm] = {
             "segments": len(segs),
             "tokens_per_s_mean": round(float(np.mean([s["tokens_per_s"] for s in segs])), 2) if segs else None,
-            "requests": reqs,
+            "requests": sum(s["requests"] for s in segs),
             "cpu_ms_per_request": {
                 r: round(v * 1e3 / reqs, 3) if reqs and v is not None else None for r, v in cpu.items()
             },
@@ -98,7 +127,7 @@ def summarize_segments(segments: list[dict[str, Any]]) -> dict[str, Any]:
     cpu_ratio = {
         r: (round(arms["on"]["cpu_ms_per_request"][r] / arms["off"]["cpu_ms_per_request"][r], 4)
             if arms["on"]["cpu_ms_per_request"][r] and arms["off"]["cpu_ms_per_request"][r] else None)
-        for r in ("api", "scheduler", "detokenizer")
+        for r in ACCOUNTED
     }  # fmt: skip
     return {
         "arms": arms,
@@ -136,8 +165,9 @@ def run_throughput(
             res = send(base_url, workload.messages(kind, k, f"tp{ci}"), max_tokens, opts.timeout, {"ignore_eos": True})
             t1 = time.monotonic()
             toks = int((res.usage or {}).get("completion_tokens") or 0)
+            t_first = t0 + res.ttft_s if res.ttft_s is not None else None
             with lock:
-                done.append(Done(t0, t1, kind, res.ok, toks, res.error))
+                done.append(Done(t0, t1, kind, res.ok, toks, res.error, t_first))
 
     flipper.set(PARTS if arms[0] == "on" else None)
     threads = [threading.Thread(target=client, args=(i,), daemon=True, name=f"tp-client-{i}") for i in range(clients)]
@@ -170,7 +200,7 @@ def run_throughput(
     for seg in segments:
         w0, w1 = seg.pop("_window")
         seg.update(window_stats(done, w0, w1))
-        reqs = seg["requests"]
+        reqs = seg["request_share"]
         seg["cpu_ms_per_request"] = {r: round(v * 1e3 / reqs, 3) if reqs else None for r, v in seg["cpu_s"].items()}
     errors = [d.error for d in done if not d.ok]
     return {
