@@ -13,7 +13,7 @@ collector, read at the window's ends. The tokens are those streamed inside the w
 (``streamed_in``: each request's first token at its client TTFT, its other tokens spread evenly up
 to its end), not the tokens of the requests that completed in it: clients that start together
 finish together, so a window held whole waves of requests (on the CPU server 64 clients' waves made
-a 28 s window read 73 or 146 tokens/s and nothing between; on the H200 ~5 waves, +-20%). The CPU is
+a 28 s window read 73 or 146 tokens/s and nothing between). The CPU is
 per request the same way: per the share of each request's time that lies in the window. Per arm:
 tokens/s (mean over segments) and CPU milliseconds per request by process. The ratio on/off is the
 ratio of the arms' mean tokens/s, with a t interval over segment pairs.
