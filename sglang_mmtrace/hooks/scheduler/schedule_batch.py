@@ -32,8 +32,8 @@ def _prefix_len(req: Any) -> int:
 
 
 def _prepare_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    """Admission: read what the prefill will change (the adopted match, the cached tokens, the prefix
-    length); its events are built after the first token's hand-off (``batch_result``)."""
+    """Admission: fix the adopted match's times and read what the prefill will change (the cached
+    tokens, the prefix length); its events are built after the first token's hand-off (``batch_result``)."""
     if exc is not None:
         return
     for req in instance.reqs:
@@ -41,14 +41,11 @@ def _prepare_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         if tr is None or tr.admitted:
             continue
         tr.admitted = True
-        m1 = tr.t_match1 if tr.t_match1 is not None else t0
-        tr.admission = (
-            tr.t_match0 if tr.t_match0 is not None else t0,
-            m1,
-            getattr(req, "cached_tokens", 0),
-            _prefix_len(req),
-        )
-        tr.t_match1 = m1
+        if tr.t_match0 is None:
+            tr.t_match0 = t0
+        if tr.t_match1 is None:
+            tr.t_match1 = t0
+        tr.admission = (getattr(req, "cached_tokens", 0), _prefix_len(req))
 
 
 def _match_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:

@@ -43,9 +43,9 @@ class ReqTrace:
         self.t_match0: float | None = None
         self.t_match1: float | None = None
         self.admitted = False
-        self.admission: tuple[float, float, int, int] | None = None
-        """(match start, match end, cached tokens, prefix length) as read at admission, until its
-        ``scheduler.queue`` and ``scheduler.prefix_match`` events are built."""
+        self.admission: tuple[int, int] | None = None
+        """(cached tokens, prefix length) as read at admission, until its ``scheduler.queue`` and
+        ``scheduler.prefix_match`` events are built (the match's times are ``t_match0``/``t_match1``)."""
         self.first_token = False
         self.fwd: FwdCtx | None = None  # the last prefill forward, until its result is processed
         self.vit_skipped = 0  # images whose encoder run the radix prefix made unnecessary
