@@ -7,6 +7,9 @@ In every Python process that has ``MMTRACE_PROBE_DIR`` set, it:
   wrapper's *own* time: its whole duration minus the wrapped SGLang call's (for coroutine hooks, the
   same around the await). Per hook id: calls, own seconds, and the wrapped SGLang call's seconds
   (in both arms: SGLang's own code taking longer with the plugin on is a cost no hook timer sees);
+- times the CUDA-mark helpers (``hooks/cuda_marks.py``: each runtime call, ``mark``, ``elapsed_s``,
+  ``device_marks``) per thread kind (``@main``: the process's main thread, ``@worker``: any other),
+  wall and thread CPU time (in the slot of the wrapped call's time), and the calls over 20 µs;
 - times the garbage collector (``gc.callbacks``): collections and seconds per generation;
 - writes those, with the process's CPU times and thread count, to ``MMTRACE_PROBE_DIR/<pid>.json``
   every second from a daemon thread (the probe's own cost, not the plugin's).
@@ -101,6 +104,39 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
             return _apply(hook_id, target, _timed(hook_id, kind, wrapper), enabled)
 
         _patch.apply = _plugin.apply = _probed_apply
+
+        _thread_cpu = time.thread_time
+        _main = threading.main_thread()
+
+        def _timed_call(key: str, fn):
+            """Time a CUDA-mark helper: wall and the thread's CPU time, per thread kind, and the calls
+            over 20 µs (wall much above CPU = the call waited: for the GIL, a driver lock or the GPU)."""
+
+            def timed(*a, **k):
+                c0, t0 = _thread_cpu(), _now()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    dt = _now() - t0
+                    where = "main" if threading.current_thread() is _main else "worker"
+                    slot = _own.setdefault(f"{key}@{where}", [0, 0.0, 0.0])
+                    slot[0] += 1
+                    slot[1] += dt
+                    slot[2] += _thread_cpu() - c0
+                    if dt > 20e-6:
+                        slow = _own.setdefault(f"{key}@{where}>20us", [0, 0.0, 0.0])
+                        slow[0] += 1
+                        slow[1] += dt
+
+            return timed
+
+        import sglang_mmtrace.hooks.cuda_marks as _cm
+
+        for _name in ("stream", "capturing", "create", "record", "elapsed_ms", "current_device"):
+            setattr(_cm.Runtime, _name, _timed_call(f"cuda.rt.{_name}", getattr(_cm.Runtime, _name)))
+        for _name in ("mark", "elapsed_s"):
+            setattr(_cm.Marks, _name, _timed_call(f"cuda.marks.{_name}", getattr(_cm.Marks, _name)))
+        _cm.device_marks = _timed_call("cuda.device_marks", _cm.device_marks)
 
         def _dump() -> None:
             path = os.path.join(_dir, f"{os.getpid()}.json")
