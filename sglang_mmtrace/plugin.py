@@ -236,7 +236,8 @@ _COLLECTOR_ENV = (
 def uninstall() -> None:
     """Undo ``install()`` in this process (tests, and users who want it gone at run time).
 
-    The original functions go back, the HTTP middleware comes out, NVTX stops following the switch,
+    The original functions go back (torch's graph-capture methods too, see ``cuda_marks.CaptureWatch``),
+    the HTTP middleware comes out, NVTX stops following the switch,
     and in the API process the collector process (which holds the sinks and any metrics server) is
     stopped and its addresses leave the environment, so processes started later do not look for it.
     In a scheduler or the detokenizer the outbox's thread ends and its sockets close."""
@@ -247,9 +248,11 @@ def uninstall() -> None:
     runtime.applied.clear()
     runtime.uninstallers.clear()
     runtime.missing.clear()
+    from .hooks import cuda_marks
     from .sinks import nvtx
 
     nvtx.teardown()
+    cuda_marks.watch.stop()
     if runtime.collector is not None:
         if runtime.collector.process is not None:  # this process started it
             for name in _COLLECTOR_ENV:

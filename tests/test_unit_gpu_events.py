@@ -87,6 +87,8 @@ class FakeCuda:
         self.streams: dict[int, FakeStream] = {}
         self.reads = 0
         self.ready_asked = 0
+        self.device_asked = 0
+        self.capture_asked = 0
         self.syncs: list[str] = []
 
     def gpu_work(self, ms: float) -> None:
@@ -106,9 +108,11 @@ class FakeCuda:
         return self.streams.setdefault(device, FakeStream(self, device))
 
     def current_device(self) -> int:
+        self.device_asked += 1
         return self.device
 
     def capturing(self, stream: Any) -> bool:
+        self.capture_asked += 1
         return self.capturing_now
 
     def create(self, device: int) -> FakeEvent | None:
@@ -141,6 +145,9 @@ def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     monkeypatch.setattr(cuda_marks, "_loaded", True)
     monkeypatch.setattr(cuda_marks, "_ready", False)
     monkeypatch.setattr(cuda_marks, "_rings", {})  # each test's fake CUDA starts with no ring
+    monkeypatch.setattr(cuda_marks, "_default", None)
+    monkeypatch.setattr(cuda_marks, "CREATE_AHEAD", 1)  # one event per first-lap mark: the tests name them
+    monkeypatch.setattr(cuda_marks, "watch", cuda_marks.CaptureWatch())  # not started: every mark asks
     tc = torch.cuda
     monkeypatch.setattr(tc, "synchronize", lambda device=None: fake.sync("torch.cuda.synchronize"))
     monkeypatch.setattr(tc.Stream, "synchronize", lambda self: fake.sync("torch.cuda.Stream.synchronize"))
@@ -268,8 +275,8 @@ def test_resize_nvtx_range_sits_inside_the_events(
     assert log == ["record ev0", "push mm.resize_normalize rid=r1", "process_mm_data", "pop", "record ev1"]
 
 
-def test_resize_exception_passes_through_and_the_stage_is_filed_at_once(cuda: FakeCuda, log: list[str]) -> None:
-    """On an exception the stage is not deferred: filed at exit, host-timed while the GPU lags."""
+def test_resize_exception_passes_through_and_the_stage_is_still_filed(cuda: FakeCuda, log: list[str]) -> None:
+    """On an exception the stage is filed as on success, when the failed request is handed over."""
     trace = ApiTrace("r1", None, "m", 0.0)
     err = ValueError("bad image")
     fn = Wrapped("process_mm_data", cuda, gpu_ms=5.0, exc=err)
@@ -283,6 +290,8 @@ def test_resize_exception_passes_through_and_the_stage_is_filed_at_once(cuda: Fa
     assert info.value is err
     assert len(fn.calls) == 1
     assert log == ["record ev0", "process_mm_data", "record ev1"]
+    assert stages(trace, "mm.resize_normalize") == [] and cuda.reads == 0
+    trace.resolve_gpu()  # the GPU still lags: host-timed
     (st,) = stages(trace, "mm.resize_normalize")
     assert st.clock == "host" and st.t1 - st.t0 == pytest.approx(HOST_STEP_S)
     assert st.attrs == {"images": 2, "gpu": "pending"}
@@ -313,6 +322,7 @@ def run_request(
         trace, lambda: asyncio.run(hook(REQUEST, "async")(process_mm_data_async, processor(), (["u"], "t"), {}))
     )
     assert out is result
+    trace.resolve_gpu()  # what the API's hand-over to the collector does when the request has finished
     return resize
 
 
@@ -360,7 +370,7 @@ def test_resize_is_deferred_to_the_request_end_and_timed_by_cuda_events(cuda: Fa
 
     def during(req: mpl._MmReq) -> None:
         assert stages(trace, "mm.resize_normalize") == []  # not filed yet
-        assert [p[0] for p in req.gpu_pending] == ["mm.resize_normalize"]
+        assert [p[0] for p in trace.gpu_pending] == ["mm.resize_normalize"]
         assert cuda.reads == 0  # not even polled
         cuda.completed = True  # later work has hidden the GPU's lag
 
@@ -402,13 +412,15 @@ def test_unreadable_events_fall_back_to_host(cuda: FakeCuda) -> None:
     assert st.clock == "host" and st.attrs == {"images": 1, "gpu": "unreadable"}
 
 
-def test_resize_outside_a_request_scope_is_read_at_exit(cuda: FakeCuda) -> None:
-    """No ``process_mm_data_async`` scope (only the TM's trace): polled once when the hook exits."""
+def test_resize_outside_a_request_scope_is_filed_on_the_tms_trace(cuda: FakeCuda) -> None:
+    """No ``process_mm_data_async`` scope (only the TM's trace): read when that trace is handed over."""
     trace = ApiTrace("r1", None, "m", 0.0)
     fn = Wrapped("process_mm_data", cuda, gpu_ms=40.0)
     fn.result = "out"
     cuda.completed = True
     in_trace(trace, lambda: hook(RESIZE)(fn, processor(), ("text", ["img"]), {}))
+    assert cuda.reads == 0
+    trace.resolve_gpu()
     (st,) = stages(trace, "mm.resize_normalize")
     assert st.clock == "cuda" and st.t1 - st.t0 == pytest.approx(0.040)
 
@@ -474,13 +486,14 @@ def test_cuda_ipc_outcome_bytes_and_gpu_span(fallback: bool, mode: str, cuda: Fa
     A full pool makes SGLang return ``tensor.cpu()`` (a ``Tensor``): that is the ``cpu_fallback`` outcome.
     """
     trace = ApiTrace("r1", None, "m", 0.0)
-    cuda.completed = True  # no request scope: read when the combine returns
+    cuda.completed = True
     a, b = CudaTensor(4096), CudaTensor(1000)
     fa = Wrapped("ipc a", cuda, gpu_ms=100.0, result=IpcProxy())
     fb = Wrapped("ipc b", cuda, gpu_ms=100.0, result=torch.zeros(2) if fallback else IpcProxy())
     run_combine(trace, cuda, [(a, fa), (b, fb)])
     assert log == ["record ev0", "ipc a", "record ev1", "record ev2", "ipc b", "record ev3"]
     assert fa.calls[0][0][0] is a and fb.calls[0][0][0] is b
+    trace.resolve_gpu()
     (st,) = stages(trace, "transport.prepare")
     assert st.attrs["mode"] == mode and st.attrs["bytes"] == 5096 and st.attrs["tensors"] == 2
     assert st.clock == "cuda"
@@ -564,6 +577,8 @@ def test_no_device_is_asked_once_and_not_yet_initialized_is_asked_again(cuda: Fa
     cuda.initialized = True
     assert cuda_marks.device_marks() is not None and cuda.ready_asked == 3
     assert cuda_marks.device_marks() is not None and cuda.ready_asked == 3, "ready for the process's life"
+    assert cuda.device_asked == 1, "a scheduler's device is asked once"
+    assert cuda_marks.device_marks(0) is cuda_marks.device_marks()
 
 
 def test_no_device_is_never_asked_again(cuda: FakeCuda) -> None:
@@ -589,6 +604,120 @@ def test_marks_ring_reuses_its_events_and_a_lapped_mark_reads_unreadable(
     assert marks.elapsed_s(seqs[0], seqs[5]) == "unreadable"  # slot 0 now holds mark 4
     cuda.completed = False
     assert marks.elapsed_s(seqs[4], seqs[5]) == "pending"
+
+
+def test_the_first_lap_creates_events_ahead_and_keeps_them(cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first-lap mark creates its slot's event and the next CREATE_AHEAD - 1; later marks only record."""
+    monkeypatch.setattr(cuda_marks, "RING", 6)
+    monkeypatch.setattr(cuda_marks, "CREATE_AHEAD", 4)
+    marks = cuda_marks.Marks(cuda, 0)
+    created = []
+    for _ in range(8):
+        marks.mark()
+        created.append(len(cuda.events))
+    assert created == [4, 4, 4, 4, 6, 6, 6, 6]  # the second burst stops at the ring's end; lap 2 reuses
+    assert marks.events == [e for e in cuda.events]
+    cuda.create_fails = True
+    fresh = cuda_marks.Marks(cuda, 0)
+    assert fresh.mark() is None and fresh.events == [None] * 6
+    cuda.create_fails = False
+    assert fresh.mark() == 1 and fresh.events[0] is None and all(e is not None for e in fresh.events[1:5])
+
+
+class FakeGraph:
+    """``torch.cuda.CUDAGraph``'s capture methods as the watch finds them (CI has no GPU to capture on)."""
+
+    def __init__(self, log: list[str], fail: bool = False) -> None:
+        self.log = log
+        self.fail = fail
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> str:
+        self.log.append(f"begin {capture_error_mode}")
+        if self.fail:
+            raise RuntimeError("capture failed")
+        return "began"
+
+    def capture_end(self) -> str:
+        self.log.append("end")
+        return "ended"
+
+
+def test_marks_ask_cuda_about_capture_only_while_torch_captures(
+    cuda: FakeCuda, log: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch wraps ``CUDAGraph.capture_begin``/``capture_end`` (each called once, results and errors
+    passed on): outside a capture a mark skips ``cudaStreamIsCapturing``; inside one it asks, and
+    records nothing on a capturing stream. ``stop()`` puts torch's methods back."""
+    from torch.cuda.graphs import CUDAGraph
+
+    begin, end = CUDAGraph.__dict__["capture_begin"], CUDAGraph.__dict__["capture_end"]
+    monkeypatch.setattr(CUDAGraph, "capture_begin", FakeGraph.capture_begin)
+    monkeypatch.setattr(CUDAGraph, "capture_end", FakeGraph.capture_end)
+    watch = cuda_marks.CaptureWatch()
+    monkeypatch.setattr(cuda_marks, "watch", watch)
+    marks = cuda_marks.Marks(cuda, 0)
+    assert marks.mark() == 0 and cuda.capture_asked == 1, "not started: every mark asks"
+    watch.start()
+    watch.start()  # idempotent
+    assert marks.mark() == 1 and cuda.capture_asked == 1, "started, nothing capturing: no CUDA call"
+
+    graph = FakeGraph(log)
+    assert CUDAGraph.capture_begin(graph, capture_error_mode="relaxed") == "began"
+    cuda.capturing_now = True
+    assert watch.capturing and marks.mark() is None and cuda.capture_asked == 2
+    assert CUDAGraph.capture_end(graph) == "ended"
+    assert not watch.capturing and marks.mark() == 2 and cuda.capture_asked == 2
+    assert log[-3:] == ["begin relaxed", "end", "record ev2"]
+
+    failing = FakeGraph(log, fail=True)
+    with pytest.raises(RuntimeError, match="capture failed"):
+        CUDAGraph.capture_begin(failing)
+    assert not watch.capturing and log.count("begin global") == 1
+
+    watch.stop()
+    assert CUDAGraph.__dict__["capture_begin"] is FakeGraph.capture_begin
+    assert CUDAGraph.__dict__["capture_end"] is FakeGraph.capture_end
+    assert not watch.on and marks.mark() is None and cuda.capture_asked == 3, "stopped: every mark asks"
+    assert begin is not FakeGraph.capture_begin and end is not FakeGraph.capture_end  # monkeypatch restores
+
+
+def test_api_gpu_stages_are_read_when_the_request_is_handed_over(cuda: FakeCuda) -> None:
+    """The collector client resolves a finished request's GPU stages before it ships the request, on
+    a real ZMQ socket; until then nothing is read (the request's path to its first token pays no read)."""
+    import pickle
+
+    import zmq
+
+    from sglang_mmtrace.join.client import CollectorClient
+    from sglang_mmtrace.join.collector import ipc_address
+    from sglang_mmtrace.join.context import from_wire
+
+    addresses = (ipc_address("events"), ipc_address("control"), ipc_address("admin"))
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.bind(addresses[0])
+    client = CollectorClient.attach(*addresses)
+    try:
+        trace = ApiTrace("r1", None, "m", 0.0)
+        marks = cuda_marks.device_marks(0)
+        assert marks is not None
+        m0 = marks.mark()
+        cuda.gpu_work(30.0)
+        m1 = marks.mark()
+        trace.add_gpu("mm.resize_normalize", 1.0, 1.01, {"images": 1}, marks, m0, m1)
+        reads = cuda.reads
+        cuda.completed = True
+        client.finish(trace)
+        assert cuda.reads == reads + 1 and trace.gpu_pending == []
+        assert pull.poll(5000), "nothing shipped"
+        kind, _process, _pid, (wires, _health) = pickle.loads(pull.recv())
+        assert kind == "api"
+        (shipped,) = [from_wire(w) for w in wires]
+        (st,) = [e for e in shipped.events if e.name == "mm.resize_normalize"]
+        assert st.clock == "cuda" and st.attrs["gpu_s"] == pytest.approx(0.030) and st.t1 == pytest.approx(1.03)
+    finally:
+        client.close()
+        pull.close()
 
 
 def test_marks_without_an_event_or_under_capture_are_none(cuda: FakeCuda) -> None:

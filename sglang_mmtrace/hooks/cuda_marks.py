@@ -17,6 +17,14 @@ holds an event, and nothing leaks. A failed call clears CUDA's last-error state 
 ``cudaErrorNotReady``), so SGLang's next launch check never sees the plugin's error. Where no
 shared CUDA runtime is loaded, or CUDA is not in use in the process, there are no marks and the
 stages are host-timed.
+
+Each CUDA call costs 5-20 µs of CPU inside a serving process on the H200 (its code is cold there;
+2 µs in a loop), and a mark sat on the request's path made three of them: ``cudaStreamIsCapturing``,
+a first-lap ``cudaEventCreate``, ``cudaEventRecord`` (``benchmarks/results/marks-h200-20261201/``).
+So a mark asks CUDA whether its stream is capturing a graph only while torch is capturing one in
+this process (``CaptureWatch``: ``torch.cuda.CUDAGraph.capture_begin``/``capture_end``, through
+which ``torch.cuda.graph``, ``make_graphed_callables``, SGLang's graph runners and inductor
+capture), and the ring's events are created ``CREATE_AHEAD`` at a time.
 """
 
 from __future__ import annotations
@@ -28,8 +36,11 @@ from typing import Any
 
 logger = logging.getLogger("sglang_mmtrace")
 
-RING = 1024
-"""Events per device. A mark stays readable for RING later marks (hundreds of forwards)."""
+RING = 4096
+"""Events per device. A mark stays readable for RING later marks: the API reads its marks when the
+request has finished, after ~4 marks per image request started meanwhile."""
+CREATE_AHEAD = 64
+"""Events created at once when a mark reaches a slot of the ring's first lap."""
 NOT_READY = 600  # cudaErrorNotReady
 
 
@@ -117,19 +128,28 @@ class Marks:
         """Record an event on the device's current stream now; None under graph capture or on failure."""
         rt = self.rt
         stream = rt.stream(self.device)
-        if rt.capturing(stream):
+        if (watch.capturing or not watch.on) and rt.capturing(stream):
             return None
         seq = next(self._seq)
         slot = seq % RING
         ev = self.events[slot]
-        if ev is None:  # the first lap creates the slot's event
-            ev = self.events[slot] = rt.create(self.device)
-            if ev is None:
-                return None
+        if ev is None and (ev := self._create(slot)) is None:
+            return None
         if not rt.record(ev, stream):
             return None
         self.seq_of[slot] = seq
         return seq
+
+    def _create(self, slot: int) -> int | None:
+        """The first lap: the events of ``slot`` and up to ``CREATE_AHEAD - 1`` following empty slots."""
+        events = self.events
+        for i in range(slot, min(slot + CREATE_AHEAD, RING)):
+            if events[i] is None:
+                ev = self.rt.create(self.device)
+                if ev is None:
+                    break
+                events[i] = ev
+        return events[slot]
 
     def elapsed_s(self, start: int, end: int) -> float | str:
         """Seconds from mark ``start`` to mark ``end``, or why not: ``"pending"`` (the GPU has not got
@@ -141,14 +161,75 @@ class Marks:
         return ms / 1000.0 if isinstance(ms, float) else ms
 
 
+class CaptureWatch:
+    """Which torch CUDA graphs of this process are capturing now, kept by wrapping
+    ``torch.cuda.CUDAGraph.capture_begin``/``capture_end`` (each wrapped call made once, its result
+    and exceptions passed on). While ``on`` and nothing is capturing, a mark skips
+    ``cudaStreamIsCapturing``; while not ``on`` (not installed, or torch without those methods) every
+    mark asks. Started with the CUDA runtime (the first GPU-timed stage, after SGLang's start-up
+    captures); ``stop()`` (the plugin's ``uninstall()``) puts torch's methods back, and marks taken
+    after a later ``install()`` in the same process ask CUDA every time."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.graphs: set[int] = set()
+        self.capturing = False
+        self._saved: tuple[Any, Any, Any] | None = None
+
+    def start(self) -> None:
+        if self.on:
+            return
+        try:
+            from torch.cuda.graphs import CUDAGraph
+
+            begin, end = CUDAGraph.__dict__["capture_begin"], CUDAGraph.__dict__["capture_end"]
+        except Exception:  # an older or newer torch: every mark asks CUDA
+            return
+        watch = self
+
+        def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            watch.graphs.add(id(graph))
+            watch.capturing = True
+            try:
+                return begin(graph, *args, **kwargs)
+            except BaseException:
+                watch._ended(graph)
+                raise
+
+        def capture_end(graph: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return end(graph, *args, **kwargs)
+            finally:
+                watch._ended(graph)
+
+        self._saved = (CUDAGraph, begin, end)
+        CUDAGraph.capture_begin, CUDAGraph.capture_end = capture_begin, capture_end  # type: ignore[method-assign]
+        self.on = True
+
+    def _ended(self, graph: Any) -> None:
+        self.graphs.discard(id(graph))
+        self.capturing = bool(self.graphs)
+
+    def stop(self) -> None:
+        if self._saved is not None:
+            cls, begin, end = self._saved
+            cls.capture_begin, cls.capture_end = begin, end
+            self._saved = None
+        self.on = False
+
+
+watch = CaptureWatch()
 _runtime: Runtime | None = None
 _loaded = False
 _ready = False
 _rings: dict[int, Marks] = {}
+_default: Marks | None = None
+"""The marks of the device that was current when first asked without one (a scheduler's: it never
+changes device), so a forward does not ask torch each time."""
 
 
 def runtime() -> Runtime | None:
-    """The process's shared CUDA runtime, loaded once; None when it has none."""
+    """The process's shared CUDA runtime, loaded once (and the capture watch started); None when it has none."""
     global _runtime, _loaded
     if not _loaded:
         _loaded = True
@@ -159,12 +240,14 @@ def runtime() -> Runtime | None:
         except Exception as exc:
             logger.info("sglang-mmtrace: no CUDA runtime for GPU marks (%s): GPU stages are host-timed", exc)
             _runtime = None
+        if _runtime is not None:
+            watch.start()
     return _runtime
 
 
 def device_marks(device: int | None = None) -> Marks | None:
     """The marks of ``device`` (default: the current one), or None while CUDA is not in use here."""
-    global _ready, _runtime
+    global _ready, _runtime, _default
     if not _ready:
         rt = runtime()
         if rt is None:
@@ -178,6 +261,12 @@ def device_marks(device: int | None = None) -> Marks | None:
     rt = _runtime
     assert rt is not None
     if device is None:
-        device = rt.current_device()
+        if _default is None:
+            _default = _ring(rt, rt.current_device())
+        return _default
+    return _ring(rt, device)
+
+
+def _ring(rt: Any, device: int) -> Marks:
     m = _rings.get(device)
     return m if m is not None else _rings.setdefault(device, Marks(rt, device))

@@ -102,6 +102,8 @@ class CollectorClient:
                 trace.discard = True
             elif not (http.ship if http is not None else _ship.on):
                 continue
+            elif trace.gpu_pending:
+                trace.resolve_gpu()
             out.append(trace)
         if self._tokenizer_manager is not None and self._occupancy_timer is None:
             self._occupancy_tick()  # the first finished request runs on the serving loop: the timer starts there

@@ -105,6 +105,7 @@ class ApiTrace:
         "content",
         "discard",
         "warmup",
+        "gpu_pending",
     )
 
     def __init__(self, rid: str, http: HttpCtx | None, model: str, t_created: float) -> None:
@@ -133,9 +134,28 @@ class ApiTrace:
         self.content: dict[str, Any] | None = None  # prompt and image URLs, only with CAPTURE_CONTENT=1
         self.discard = False  # crossed a switch flip: no record
         self.warmup = False  # a warm-up request (SGLang's start-up request, or marked by its client)
+        self.gpu_pending: list[tuple[str, float, float, dict[str, Any], Any, int, int]] = []  # see add_gpu
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
         self.events.append((name, API, t0, t1, clock, attrs or {}, None))
+
+    def add_gpu(self, name: str, t0: float, t1: float, attrs: dict[str, Any], marks: Any, m0: int, m1: int) -> None:
+        """A stage whose GPU time lies between CUDA marks ``m0`` and ``m1`` (``hooks.cuda_marks``), read
+        by ``resolve_gpu`` when the request has finished: off its path to the first token (a read is a
+        CUDA call, 5-30 µs there), and by then the GPU has long passed both marks."""
+        self.gpu_pending.append((name, t0, t1, attrs, marks, m0, m1))
+
+    def resolve_gpu(self) -> None:
+        """File the stages ``add_gpu`` held: CUDA-timed when both marks read, host-timed (with the
+        reason, ``"gpu": "pending"`` or ``"unreadable"``) when not. Never waits for the GPU."""
+        pending, self.gpu_pending = self.gpu_pending, []
+        for name, t0, t1, attrs, marks, m0, m1 in pending:
+            gpu_s = marks.elapsed_s(m0, m1)
+            if isinstance(gpu_s, float):  # the stage never ends before the host call returned
+                timed = {**attrs, "gpu_s": round(gpu_s, 9), "host_s": round(t1 - t0, 9)}
+                self.add(name, t0, max(t1, t0 + gpu_s), timed, "cuda")
+            else:
+                self.add(name, t0, t1, {**attrs, "gpu": gpu_s})
 
 
 current_http: contextvars.ContextVar[HttpCtx | None] = contextvars.ContextVar("mmtrace_http", default=None)
@@ -161,7 +181,7 @@ LIVE: dict[str, ApiTrace] = {}
 # -- the wire form: what the API process sends the collector process for a finished request --------
 _EVENT_LISTS = frozenset({"events", "pre_events"})
 _HTTP_WIRE = tuple(s for s in HttpCtx.__slots__ if s != "traces")  # siblings are not needed there
-_TRACE_WIRE = tuple(s for s in ApiTrace.__slots__ if s != "http")
+_TRACE_WIRE = tuple(s for s in ApiTrace.__slots__ if s not in ("http", "gpu_pending"))  # resolved before
 
 
 def _pack(obj: Any, names: tuple[str, ...]) -> tuple:

@@ -16,7 +16,7 @@ share by reference; per-call state on a worker thread lives in a thread-local.
 
 Stages: ``mm.load`` (base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of
 ``_load_single_item``), ``mm.resize_normalize`` (``process_mm_data``; CUDA event marks (``cuda_marks``) when the fast
-processor runs on the GPU, read once they have completed, never waited for), ``mm.expand`` (once
+processor runs on the GPU, read when the request has finished (``ApiTrace.add_gpu``), never waited for), ``mm.expand`` (once
 per request: the padded ids and M-RoPE positions on EL; the offsets and per-image split before it
 on PROC are its ``split_s`` attribute, their time inside ``mm.process``, because the ``cuda_ipc``
 copies come between the two parts) and ``transport.prepare`` (``cuda_ipc``: the pool slice copies). The TM computes no content hash on 0.5.17 (the scheduler hashes pixels),
@@ -41,15 +41,13 @@ _tls = threading.local()
 class _MmReq:
     """One ``process_mm_data_async`` call (one request's images)."""
 
-    __slots__ = ("trace", "loaded", "t_combined", "split", "gpu_pending", "lock")
+    __slots__ = ("trace", "loaded", "t_combined", "split")
 
     def __init__(self, trace: ApiTrace) -> None:
         self.trace = trace
         self.loaded: dict[int, tuple[int, int, int]] = {}  # id(loaded image) -> (bytes, width, height)
         self.t_combined: float | None = None  # process_and_combine_mm_data_async returned on the EL
         self.split: tuple[float, float, dict[str, Any]] | None = None  # the PROC part of mm.expand
-        self.gpu_pending: list[tuple[str, float, float, Any, Any, Any, dict[str, Any]]] = []
-        self.lock = threading.Lock()
 
 
 class _Combine:
@@ -104,7 +102,6 @@ def _request_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         return
     req, token = st
     current_mm.reset(token)
-    _resolve_gpu(req)
     tail = exc is None and req.t_combined is not None and req.t_combined <= t1
     if req.split is not None:
         s0, s1, attrs = req.split
@@ -116,38 +113,16 @@ def _request_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         req.trace.add("mm.expand", req.t_combined, t1)
 
 
-def _resolve_gpu(req: _MmReq) -> None:
-    """Emit the GPU-timed stages: by CUDA events when their end event has completed, host-timed otherwise."""
-    with req.lock:
-        pending, req.gpu_pending = req.gpu_pending, []
-    for stage, t0, t1, marks, m0, m1, attrs in pending:
-        _add_gpu_stage(req.trace, stage, t0, t1, marks, m0, m1, attrs)
-
-
-def _defer_gpu_stage(stage: str, t0: float, t1: float, marks: Any, m0: Any, m1: Any, attrs: dict[str, Any]) -> None:
-    """Read the marks at the end of ``process_mm_data_async`` (later work has hidden the GPU's lag)."""
-    req, trace = current_mm.get(), _trace()
-    if req is not None and m0 is not None:
-        with req.lock:
-            req.gpu_pending.append((stage, t0, t1, marks, m0, m1, attrs))
-    elif trace is not None:
-        _add_gpu_stage(trace, stage, t0, t1, marks, m0, m1, attrs)
-
-
-def _add_gpu_stage(
-    trace: ApiTrace, stage: str, t0: float, t1: float, marks: Any, m0: Any, m1: Any, attrs: dict[str, Any]
-) -> None:
-    clock = "host"
-    end = t1
+def _gpu_stage(stage: str, t0: float, t1: float, marks: Any, m0: Any, m1: Any, attrs: dict[str, Any]) -> None:
+    """File a stage that ran on the GPU: its events are read when the request has finished
+    (``ApiTrace.add_gpu``); without both marks it is host-timed now."""
+    trace = _trace()
+    if trace is None:
+        return
     if m0 is not None and m1 is not None:
-        gpu_s = marks.elapsed_s(m0, m1)  # never waits: an unfinished mark leaves the stage host-timed
-        if isinstance(gpu_s, float):
-            attrs = {**attrs, "gpu_s": round(gpu_s, 9), "host_s": round(t1 - t0, 9)}
-            end = max(t1, t0 + gpu_s)
-            clock = "cuda"
-        else:
-            attrs = {**attrs, "gpu": gpu_s}
-    trace.add(stage, t0, end, attrs, clock)
+        trace.add_gpu(stage, t0, t1, attrs, marks, m0, m1)
+    else:
+        trace.add(stage, t0, t1, attrs)
 
 
 # -- IO threads: _load_single_item and get_image_bytes ----------------------------------------
@@ -213,7 +188,7 @@ def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         # the pool copies are non-blocking launches: their GPU time spans the first to the last event
         timed = all(e[5] is not None and e[6] is not None for e in c.ipc)
         m0, m1 = (c.ipc[0][5], c.ipc[-1][6]) if timed else (None, None)
-        _defer_gpu_stage("transport.prepare", c.ipc[0][0], c.ipc[-1][1], c.ipc[0][4], m0, m1, attrs)
+        _gpu_stage("transport.prepare", c.ipc[0][0], c.ipc[-1][1], c.ipc[0][4], m0, m1, attrs)
         trace.transport_bytes += nbytes
         trace.transport_mode = "cuda_ipc"
     if exc is not None or c.t_resize_end is None:
@@ -283,15 +258,8 @@ def _resize_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
     c = getattr(_tls, "combine", None)
     if c is not None:
         c.t_resize_end = t1
-    trace = _trace()
-    if trace is None:
-        return
     images = kwargs.get("images") if "images" in kwargs else (args[1] if len(args) > 1 else None)
-    attrs: dict[str, Any] = {"images": len(images or ())}
-    if exc is None:
-        _defer_gpu_stage("mm.resize_normalize", t0, t1, *_end_mark(ev), attrs)
-    else:
-        _add_gpu_stage(trace, "mm.resize_normalize", t0, t1, *_end_mark(ev), attrs)
+    _gpu_stage("mm.resize_normalize", t0, t1, *_end_mark(ev), {"images": len(images or ())})
 
 
 def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
