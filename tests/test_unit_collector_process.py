@@ -42,8 +42,9 @@ def test_wire_form_keeps_every_field():
     back = from_wire(pickle.loads(pickle.dumps(to_wire(trace))))
     events = ("events", "pre_events")
     for name in ApiTrace.__slots__:
-        if name not in ("http", *events):
+        if name not in ("http", "gpu_pending", *events):  # GPU stages are resolved before the hand-over
             assert getattr(back, name) == getattr(trace, name), name
+    assert len(to_wire(trace)[0]) == len(ApiTrace.__slots__) - 2
     for name in HttpCtx.__slots__:
         if name not in ("traces", *events):
             assert getattr(back.http, name) == getattr(trace.http, name), name
