@@ -9,7 +9,7 @@ PYTHONPATH and ``MMTRACE_PROBE_DIR`` set (see ``probe/sitecustomize.py``). Per b
 client sends ``--rounds`` rounds of new image / same image / text, one request at a time with a
 ``--gap-ms`` idle gap. Around each block the probe files are read (after 1.5 s, so a dump has
 happened). Writes ``OUTDIR/probe.json``: per block and process role the differences per request
-(CPU seconds, GC collections and seconds per generation, per hook id: calls, own seconds and the
+(CPU seconds, GC collections, seconds and objects collected per generation, per hook id: calls, own seconds and the
 wrapped SGLang call's seconds) and the
 client TTFT medians per kind. ``--cpu``: the CPU demo server instead (a smoke test of the probe
 here, or the CPU side of the measurement).
@@ -73,9 +73,13 @@ def diff(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, Any]:
                 "sglang_us_per_req": round((inner - i0) / n * 1e6, 1),
             }
     gc = {}
-    for gen, (cnt, secs) in b["gc"].items():
-        c0, s0 = a["gc"].get(gen, (0, 0.0))
-        gc[gen] = {"per_req": round((cnt - c0) / n, 3), "us_per_req": round((secs - s0) / n * 1e6, 1)}
+    for gen, (cnt, secs, freed) in b["gc"].items():
+        c0, s0, f0 = a["gc"].get(gen, (0, 0.0, 0))
+        gc[gen] = {
+            "per_req": round((cnt - c0) / n, 3),
+            "us_per_req": round((secs - s0) / n * 1e6, 1),
+            "collected_per_req": round((freed - f0) / n, 1),
+        }
     return {
         "cpu_ms_per_req": round((b["cpu_s"] - a["cpu_s"]) / n * 1e3, 3),
         "threads": b["threads"],

@@ -90,12 +90,19 @@ class CollectorClient:
 
         A request that did not start and end (its last body byte, not the app's return, which SGLang
         delays) in the same switch generation is marked for discard (the collector then also drops
-        the other processes' events for it)."""
+        the other processes' events for it).
+
+        Each handed-over trace lets go of its HTTP exchange (``trace.http``), which lists it
+        (``http.traces``): without that cycle a request's objects are freed as soon as SGLang drops
+        them, instead of waiting as garbage for a collection (~20 objects per request that kept the
+        API process's garbage collector running more often)."""
         out = []
+        closed = []
         for trace in traces:
             if trace.closed:
                 continue
             trace.closed = True
+            closed.append(trace)
             LIVE.pop(trace.rid, None)
             http = trace.http
             if http is not None and http.gen != (switch.generation if http.gen_end is None else http.gen_end):
@@ -107,15 +114,16 @@ class CollectorClient:
             out.append(trace)
         if self._tokenizer_manager is not None and self._occupancy_timer is None:
             self._occupancy_tick()  # the first finished request runs on the serving loop: the timer starts there
-        if not out:
-            return
-        t = time.monotonic()
-        health = None
-        if t - self._last_health >= HEALTH_EVERY_S:
-            self._last_health = t
-            health = self._health()
-        if not self._send(([to_wire(tr) for tr in out], health)):
-            telemetry.drop("collector", len(out))
+        if out:
+            t = time.monotonic()
+            health = None
+            if t - self._last_health >= HEALTH_EVERY_S:
+                self._last_health = t
+                health = self._health()
+            if not self._send(([to_wire(tr) for tr in out], health)):
+                telemetry.drop("collector", len(out))
+        for trace in closed:
+            trace.http = None
 
     def _health(self) -> dict[str, Any]:
         return {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped)}

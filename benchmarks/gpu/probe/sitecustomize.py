@@ -10,7 +10,8 @@ In every Python process that has ``MMTRACE_PROBE_DIR`` set, it:
 - times the CUDA-mark helpers (``hooks/cuda_marks.py``: each runtime call, ``mark``, ``elapsed_s``,
   ``device_marks``) per thread kind (``@main``: the process's main thread, ``@worker``: any other),
   wall and thread CPU time (in the slot of the wrapped call's time), and the calls over 20 µs;
-- times the garbage collector (``gc.callbacks``): collections and seconds per generation;
+- times the garbage collector (``gc.callbacks``): collections, seconds and objects collected (garbage
+  in reference cycles) per generation;
 - writes those, with the process's CPU times and thread count, to ``MMTRACE_PROBE_DIR/<pid>.json``
   every second from a daemon thread (the probe's own cost, not the plugin's).
 
@@ -42,9 +43,10 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
             if phase == "start":
                 _gc_t0[0] = _now()
             else:
-                slot = _gc.setdefault(str(info.get("generation")), [0, 0.0])
+                slot = _gc.setdefault(str(info.get("generation")), [0, 0.0, 0])
                 slot[0] += 1
                 slot[1] += _now() - _gc_t0[0]
+                slot[2] += info.get("collected", 0)  # unreachable objects: garbage only a collection frees
 
         gc.callbacks.append(_on_gc)
 
