@@ -13,7 +13,10 @@ In every Python process that has ``MMTRACE_PROBE_DIR`` set, it:
 - times the garbage collector (``gc.callbacks``): collections, seconds and objects collected (garbage
   in reference cycles) per generation;
 - writes those, with the process's CPU times and thread count, to ``MMTRACE_PROBE_DIR/<pid>.json``
-  every second from a daemon thread (the probe's own cost, not the plugin's).
+  every second from a daemon thread (the probe's own cost, not the plugin's);
+- on SIGUSR1, counts the plugin's per-request objects still alive (``ApiTrace``, ``HttpCtx``,
+  ``ReqTrace``, ``FwdCtx``), runs a full collection and counts again, appending a line to
+  ``MMTRACE_PROBE_DIR/<pid>.live.txt`` (``benchmarks/results/gc-cpu-20261201/live_check.py``).
 
 The driver reads the files before and after a block of requests and divides the differences by the
 requests. Never fails the host: any error leaves the process unprobed. A ``sitecustomize`` further
@@ -163,6 +166,26 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
                 time.sleep(1.0)
 
         threading.Thread(target=_dump, name="mmtrace-probe", daemon=True).start()
+
+        def _live_check(sig, frame) -> None:
+            """SIGUSR1: the plugin's per-request objects still alive, a full collection, the same again."""
+
+            def count() -> dict[str, int]:
+                n: dict[str, int] = {}
+                for o in gc.get_objects():
+                    if (t := type(o).__name__) in ("ApiTrace", "HttpCtx", "ReqTrace", "FwdCtx"):
+                        n[t] = n.get(t, 0) + 1
+                return n
+
+            before = count()
+            freed = gc.collect()
+            with open(os.path.join(_dir, f"{os.getpid()}.live.txt"), "a") as f:
+                f.write(f"{before} -> full collection freed {freed} -> {count()}\n")
+
+        if threading.current_thread() is threading.main_thread():
+            import signal
+
+            signal.signal(signal.SIGUSR1, _live_check)
     except Exception:
         pass
 
