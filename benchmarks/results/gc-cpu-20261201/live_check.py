@@ -5,8 +5,9 @@ process still holds after its requests ended, and what a full collection then fr
 
 Starts the CPU demo server with the probe (``benchmarks/gpu/probe``) on its PYTHONPATH, sends 30
 then 60 requests (new image / same image / text, one at a time), and after each batch signals the
-API process (SIGUSR1): the probe counts live ``ApiTrace``/``HttpCtx`` objects, runs
-``gc.collect()`` and counts again, into ``OUTDIR/probe/<pid>.live.txt``, printed at the end.
+API, scheduler and detokenizer processes (SIGUSR1): the probe counts live ``ApiTrace``/``HttpCtx``/
+``ReqTrace``/``FwdCtx`` objects, runs ``gc.collect()`` and counts again, into
+``OUTDIR/probe/<pid>.live.txt``, printed per process at the end.
 """
 
 import os
@@ -28,12 +29,16 @@ path = os.pathsep.join((str(PROBE), str(SHIMS_DIR), os.environ.get("PYTHONPATH",
 cfg = LaunchConfig("cpu live check", default_config(False).args, {"MMTRACE_PROBE_DIR": str(out), "PYTHONPATH": path})
 workload = Workload(seed=7, nonce=f"live{int(time.time())}")
 with launched(cfg, Path("/tmp/live-check-work"), False, 300.0) as target:
-    api = procs.server_processes(target.pid)["api"][0]
+    roles = procs.server_processes(target.pid)
+    pids = {role: roles[role][0] for role in ("api", "scheduler", "detokenizer")}
     for first, last in ((0, 10), (10, 30)):
         for r in range(first, last):
             for kind in ("new_image", "same_image", "text"):
                 timed_chat(target.base_url, workload.messages(kind, r, "live"))
         time.sleep(3)
-        os.kill(api, signal.SIGUSR1)
+        for pid in pids.values():
+            os.kill(pid, signal.SIGUSR1)
         time.sleep(1)
-    print((out / f"{api}.live.txt").read_text())
+    for role, pid in pids.items():
+        live = out / f"{pid}.live.txt"
+        print(role, live.read_text() if live.exists() else "(no answer)")
