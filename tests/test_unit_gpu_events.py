@@ -535,17 +535,36 @@ def test_cuda_ipc_exception_passes_through_and_files_nothing(cuda: FakeCuda) -> 
 
 
 def test_clock_records_on_the_current_stream_and_maps_to_host_time(cuda: FakeCuda) -> None:
+    """The first mark is the reference, taken with the host time after it; later marks are placed by
+    their GPU offset from it, each read once."""
     cuda.gpu_ms = 1000.0
     cuda.device = 2
     clock = ss.Clock()
-    assert clock.marks is not None and clock.name == "cuda"
+    assert clock.marks is not None and clock.name == "cuda" and cuda.events == []  # no mark until one is asked
+    first = clock.mark()
+    assert isinstance(first, int) and cuda.events[-1].stream is cuda.streams[2]  # the current device's stream
+    assert clock.ref == first and len(cuda.events) == 1
     cuda.gpu_work(7.5)
     mark = clock.mark()
-    assert isinstance(mark, int) and cuda.events[-1].stream is cuda.streams[2]  # the current device's stream
     assert cuda.reads == 0  # marking reads nothing
     cuda.completed = True
+    assert clock.host(first) == clock.t_ref and cuda.reads == 0  # the reference needs no read
     assert clock.host(mark) == pytest.approx(clock.t_ref + 0.0075)
+    assert clock.host(mark) == pytest.approx(clock.t_ref + 0.0075) and cuda.reads == 1  # read once
     assert clock.host(123.0) == 123.0  # host marks pass as they are
+
+
+def test_clock_mark_on_shares_the_last_mark_until_the_forward_returns(cuda: FakeCuda) -> None:
+    clock = ss.Clock()
+    a = clock.mark()
+    b = clock.mark()
+    n = len(cuda.log)
+    assert clock.mark_on(b) is b and len(cuda.log) == n  # nothing marked since b: no CUDA call
+    c = clock.mark_on(a)  # a is not the last mark any more
+    assert c not in (a, b) and len(cuda.log) == n + 1
+    clock.last = None  # run_batch returned (scheduler.py): a delayed sampling marks anew
+    assert clock.mark_on(c) not in (a, b, c)
+    assert clock.mark_on(None) is clock.last
 
 
 def test_clock_under_graph_capture_marks_host_time(cuda: FakeCuda) -> None:
@@ -909,6 +928,68 @@ def test_batch_gpu_stages_are_cuda_timed_and_reported_on_each_request(
         assert (ev.t0, ev.t1, ev.clock, ev.attrs) == (prefill[2], prefill[3], "cuda", {"batch_size": 3})
     assert "C" not in col._remote
     assert ss.current is None and all(r._mmtrace.fwd is None for r in reqs[:2])
+
+
+def records(log: list[str]) -> int:
+    return sum(1 for line in log if line.startswith("record "))
+
+
+def test_a_new_image_forward_records_one_event_per_stage_boundary(
+    cuda: FakeCuda, log: list[str], outbox: Outbox
+) -> None:
+    """Forward start (also the reference), embedding start, encoder start and end, embedding end,
+    forward end (also sampling's start), sampling end: 7 CUDA events, none for the reference alone."""
+    _, batch, reqs = run_prefill_batch(cuda, log)
+    assert records(log) == 7 and len(cuda.events) == 7
+
+
+@pytest.mark.parametrize("delayed", [False, True])
+def test_a_forward_without_images_to_embed_records_three_events(
+    delayed: bool, cuda: FakeCuda, log: list[str], outbox: Outbox
+) -> None:
+    """A request whose image is all in the radix prefix (or a text request): the embedding call names
+    no request, so it is not marked; sampling starts on the forward's end mark unless SGLang delays it
+    past ``run_batch`` (overlap with a grammar), when it takes its own."""
+    reqs = [Req("A")]
+    batch = SimpleNamespace(reqs=reqs, forward_mode=extend_mode())
+    forward_batch = SimpleNamespace(
+        forward_mode=extend_mode(),
+        rids=["A"],
+        mm_inputs=[SimpleNamespace(mm_items=[SimpleNamespace(hash=11, offsets=[(2, 9)])])],
+        extend_prefix_lens_cpu=[12],  # the image's tokens (2-9) are in the prefix
+        extend_seq_lens_cpu=[3],
+    )
+    embed = Wrapped("embed_mm_inputs", cuda, gpu_ms=0.1, result="embeds")
+    sample = Wrapped("sample", cuda, gpu_ms=0.5, result="next_ids")
+    hooked = {k: v.make("sync") for k, v in {**model_runner.HOOKS, **mm_embedding_legacy.HOOKS}.items()}
+
+    def routine(input_ids: Any, fb: Any) -> str:
+        hooked["mm_embedding_legacy.embed"](embed, None, (), {})
+        cuda.gpu_work(3.0)
+        return "logits"
+
+    def forward(fb: Any) -> str:
+        return hooked["mm_embedding_legacy.routine"](routine, None, ([0], fb), {})
+
+    def run_batch(b: Any) -> str:
+        hooked["model_runner.forward"](forward, None, (forward_batch,), {})
+        if not delayed:
+            hooked["model_runner.sample"](sample, None, ("logits", forward_batch), {})
+        return "batch_result"
+
+    scheduler.HOOKS["scheduler.run_batch"].make("sync")(run_batch, None, (batch,), {})
+    if delayed:
+        hooked["model_runner.sample"](sample, None, ("logits", forward_batch), {})
+    assert len(embed.calls) == 1 and len(sample.calls) == 1
+    assert records(log) == (4 if delayed else 3)
+    cuda.completed = True
+    process_result(batch, reqs)
+    assert [e for e in outbox.sent if e[1] == "model.embed"] == []
+    prefill, sampled = outbox.one("model.prefill"), outbox.one("model.sample")
+    assert prefill[4] == sampled[4] == "cuda"
+    assert prefill[3] - prefill[2] == pytest.approx(0.0031)
+    assert sampled[3] - sampled[2] == pytest.approx(0.0005)
+    assert sampled[2] == pytest.approx(prefill[3])  # no GPU work between them either way
 
 
 def test_batch_stages_without_gpu_timing_are_host_timed(

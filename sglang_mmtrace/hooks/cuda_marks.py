@@ -24,7 +24,8 @@ a first-lap ``cudaEventCreate``, ``cudaEventRecord`` (``benchmarks/results/marks
 So a mark asks CUDA whether its stream is capturing a graph only while torch is capturing one in
 this process (``CaptureWatch``: ``torch.cuda.CUDAGraph.capture_begin``/``capture_end``, through
 which ``torch.cuda.graph``, ``make_graphed_callables``, SGLang's graph runners and inductor
-capture), and the ring's events are created ``CREATE_AHEAD`` at a time.
+capture), the ring's events are all created by the process's first mark (``CREATE_AHEAD``), and the
+callers take as few marks as their stages need (``scheduler/state.Clock``).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ logger = logging.getLogger("sglang_mmtrace")
 RING = 4096
 """Events per device. A mark stays readable for RING later marks: the API reads its marks when the
 request has finished, after ~4 marks per image request started meanwhile."""
-CREATE_AHEAD = 64
-"""Events created at once when a mark reaches a slot of the ring's first lap."""
+CREATE_AHEAD = RING
+"""Events created at once when a mark reaches an empty slot: the whole ring, at the process's first
+mark (a scheduler's is SGLang's warm-up request at start-up; the API's, its first image processed on
+the GPU, which also pays for CUDA's start in that process), so that no later request creates one."""
 NOT_READY = 600  # cudaErrorNotReady
 
 
@@ -141,7 +144,8 @@ class Marks:
         return seq
 
     def _create(self, slot: int) -> int | None:
-        """The first lap: the events of ``slot`` and up to ``CREATE_AHEAD - 1`` following empty slots."""
+        """The events of ``slot`` and up to ``CREATE_AHEAD - 1`` following empty slots (the first mark
+        creates the ring; a slot stays empty only after a failed create, and is tried again)."""
         events = self.events
         for i in range(slot, min(slot + CREATE_AHEAD, RING)):
             if events[i] is None:

@@ -20,11 +20,22 @@ def _all_rids(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
     return ctx.rids
 
 
+def _new_mark(ctx: ss.FwdCtx) -> Any:
+    return ctx.clock.mark()
+
+
+def _after_forward(ctx: ss.FwdCtx) -> Any:
+    """Sampling right after the forward starts on the forward's end mark (``Clock.mark_on``): SGLang
+    launches nothing on the GPU between the two, so a second event there would mark the same point."""
+    return ctx.clock.mark_on(ctx.fwd[1] if ctx.fwd is not None else None)
+
+
 def marked(
     component: str,
     slot: str,
     stage: str,
     rids: Callable[[ss.FwdCtx, tuple, dict], tuple[str, ...]] = _all_rids,
+    start: Callable[[ss.FwdCtx], Any] = _new_mark,
 ) -> HookSpec:
     """Mark the first call of a prefill forward into ``ctx.<slot>``, inside an NVTX range for ``rids``."""
 
@@ -34,7 +45,7 @@ def marked(
             if slot == "sample":
                 ctx.t_sample_end = ss.now()
 
-    return around_forward(component, stage, rids, store)
+    return around_forward(component, stage, rids, store, start)
 
 
 def around_forward(
@@ -42,12 +53,15 @@ def around_forward(
     stage: str,
     rids: Callable[[ss.FwdCtx, tuple, dict], tuple[str, ...]],
     store: Callable[[ss.FwdCtx, Any, Any, tuple, dict], None],
+    start: Callable[[ss.FwdCtx], Any] = _new_mark,
 ) -> HookSpec:
     """Clock marks around a call made inside the current prefill forward, handed to ``store``.
 
     Outside a prefill forward (``ss.current`` is None: every decode step) the call goes straight
-    through. ``rids`` runs before the call and names the NVTX range; no range is pushed when it names
-    none. The plugin code runs in guarded blocks inlined as in ``base.interval`` (names, range and
+    through. ``rids`` runs before the call and names the requests the call works for: the NVTX
+    range's, and when it names none (an embedding call whose images are all in the radix prefix)
+    nothing is marked or stored, for marks are CUDA calls on the TTFT path. ``start`` gives the first
+    mark (``_after_forward``: sampling shares the forward's end). The plugin code runs in guarded blocks inlined as in ``base.interval`` (names, range and
     first mark before the call; second mark, pop and store after it), not one ``guarded`` call per
     step: these wrappers run inside the forward, on the TTFT path, where every frame counts. A failure
     before the call leaves no first mark and so nothing stored; either way the call runs once and its
@@ -67,21 +81,22 @@ def around_forward(
             try:
                 if telemetry.armed is not False:
                     maybe_inject(component)
-                names = rids(ctx, args, kwargs)
-                pushed = bool(names) and nvtx.domain is not None and push_batch_range(component, stage, names)
-                m0 = ctx.clock.mark()
+                if names := rids(ctx, args, kwargs):
+                    pushed = nvtx.domain is not None and push_batch_range(component, stage, names)
+                    m0 = start(ctx)
             except Exception as e:
                 contained(component, e)
             try:
                 return wrapped(*args, **kwargs)
             finally:
                 m1: Any = None
-                try:
-                    if telemetry.armed is not False:
-                        maybe_inject(component)
-                    m1 = ctx.clock.mark()
-                except Exception as e:
-                    contained(component, e)
+                if m0 is not None:
+                    try:
+                        if telemetry.armed is not False:
+                            maybe_inject(component)
+                        m1 = ctx.clock.mark()
+                    except Exception as e:
+                        contained(component, e)
                 if pushed:
                     guarded(component, nvtx.pop)
                 if m0 is not None and m1 is not None:
@@ -99,7 +114,7 @@ PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
     "model_runner.forward": marked("model_runner.forward", "fwd", "model.prefill"),
-    "model_runner.sample": marked("model_runner.sample", "sample", "model.sample"),
+    "model_runner.sample": marked("model_runner.sample", "sample", "model.sample", start=_after_forward),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)

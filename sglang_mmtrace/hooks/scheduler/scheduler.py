@@ -57,6 +57,7 @@ def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
 def _run_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     # times only: the forward's events are built with its result, after the hand-off (batch_result)
     st.t0, st.t1 = t0, t1
+    st.clock.last = None  # a sampling SGLang delays past run_batch takes a mark of its own
 
 
 def _forward_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:

@@ -52,36 +52,63 @@ class ReqTrace:
 
 
 class Clock:
-    """Host timestamps, or CUDA event marks on the current stream when the forward runs on a GPU."""
+    """Host timestamps, or CUDA event marks on the current stream when the forward runs on a GPU.
 
-    __slots__ = ("marks", "ref", "t_ref")
+    Each CUDA call costs 10-30 µs of the scheduler thread's CPU on the H200
+    (``benchmarks/results/marks-h200-20261201/``), so a forward makes as few as its stages need: the
+    first mark is also the reference that places the others on the host timeline (taken with the
+    host time right after it), and ``mark_on`` lets a stage that starts where the last one ended
+    share its mark.
+    """
+
+    __slots__ = ("marks", "ref", "t_ref", "last", "_host")
 
     def __init__(self) -> None:
         self.marks: cuda_marks.Marks | None = None
         self.ref: int | None = None
+        self.t_ref = 0.0
+        self.last: int | float | None = None
+        """The last mark, until ``run_batch`` returns (``mark_on``)."""
+        self._host: dict[int, float] | None = None
         if config.get().gpu_timing and switch.on("cuda_events"):
             self.marks = cuda_marks.device_marks()
-            self.ref = self.marks.mark() if self.marks is not None else None
-            if self.ref is None:
-                self.marks = None
-        self.t_ref = now()
 
     def mark(self) -> int | float:
-        if self.marks is not None:
-            m = self.marks.mark()
+        marks = self.marks
+        if marks is not None:
+            m = marks.mark()
             if m is not None:
+                if self.ref is None:
+                    self.ref, self.t_ref = m, now()
+                self.last = m
                 return m
-        return now()
+            if self.ref is None:
+                self.marks = None  # no reference (graph capture, a failed call): the forward is host-timed
+        self.last = t = now()
+        return t
+
+    def mark_on(self, prev: int | float | None) -> int | float:
+        """``prev`` again when it is still the last mark (no other stage marked since, and the forward
+        has not returned): a stage that starts where ``prev``'s ended, with no GPU work launched between
+        them, needs no mark of its own. A new mark otherwise."""
+        return prev if prev is not None and prev is self.last else self.mark()
 
     def host(self, mark: int | float) -> float:
-        """A mark on the host timeline (CUDA marks: offset from the reference mark)."""
+        """A mark on the host timeline (CUDA marks: offset from the reference mark, read once each)."""
         if isinstance(mark, float):
             return mark
         assert self.marks is not None and self.ref is not None
+        if mark == self.ref:
+            return self.t_ref
+        if self._host is None:
+            self._host = {}
+        elif (t := self._host.get(mark)) is not None:
+            return t
         s = self.marks.elapsed_s(self.ref, mark)
         if isinstance(s, str):
             raise ValueError(f"CUDA mark {s}")  # contained and counted by the hook's guard
-        return self.t_ref + s
+        t = self._host[mark] = self.t_ref + s
+        return t
 
     @property
     def name(self) -> str:
