@@ -33,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("sglang_mmtrace")
@@ -64,6 +65,12 @@ class Runtime:
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, c_int
         self.lib = lib
+        self._record = lib.cudaEventRecord  # a mark's one CUDA call: looked up once, not per mark
+        import torch  # loaded: its libcudart is this one
+
+        self.stream: Callable[[int], int] = torch._C._cuda_getCurrentRawStream
+        """The raw handle of a device's current stream, asked once per mark: torch's own binding,
+        called with no frame of ours around it."""
 
     def _ok(self, rc: int) -> bool:
         if rc:
@@ -79,11 +86,6 @@ class Runtime:
         if not torch.cuda.is_available():
             return None
         return torch.cuda.is_initialized()
-
-    def stream(self, device: int) -> int:
-        import torch
-
-        return torch._C._cuda_getCurrentRawStream(device)
 
     def current_device(self) -> int:
         import torch
@@ -107,7 +109,8 @@ class Runtime:
                 self._ok(lib.cudaSetDevice(prev.value))
 
     def record(self, event: int, stream: int) -> bool:
-        return self._ok(self.lib.cudaEventRecord(event, stream))
+        rc = self._record(event, stream)
+        return rc == 0 or self._ok(rc)
 
     def elapsed_ms(self, start: int, end: int) -> float | str:
         ms = ctypes.c_float()

@@ -113,9 +113,10 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
         _thread_cpu = time.thread_time
         _main = threading.main_thread()
 
-        def _timed_call(key: str, fn):
-            """Time a CUDA-mark helper: wall and the thread's CPU time, per thread kind, and the calls
-            over 20 µs (wall much above CPU = the call waited: for the GIL, a driver lock or the GPU)."""
+        def _timed_call(key: str, fn, by_caller: bool = False):
+            """Time a CUDA-mark helper: wall and the thread's CPU time, per thread kind (and, with
+            ``by_caller``, per calling function: which mark of a stage costs what), and the calls over
+            20 µs (wall much above CPU = the call waited: for the GIL, a driver lock or the GPU)."""
 
             def timed(*a, **k):
                 c0, t0 = _thread_cpu(), _now()
@@ -124,6 +125,9 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
                 finally:
                     dt = _now() - t0
                     where = "main" if threading.current_thread() is _main else "worker"
+                    if by_caller:  # the calling function and its caller (start or end mark, of which stage)
+                        f1 = sys._getframe(1)
+                        where += f":{f1.f_code.co_name}<{f1.f_back.f_code.co_name if f1.f_back else '?'}"
                     slot = _own.setdefault(f"{key}@{where}", [0, 0.0, 0.0])
                     slot[0] += 1
                     slot[1] += dt
@@ -137,10 +141,11 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
 
         import sglang_mmtrace.hooks.cuda_marks as _cm
 
-        for _name in ("stream", "capturing", "create", "record", "elapsed_ms", "current_device"):
+        # (the current stream is torch's binding, called directly: an instance attribute, not timed)
+        for _name in ("capturing", "create", "record", "elapsed_ms", "current_device"):
             setattr(_cm.Runtime, _name, _timed_call(f"cuda.rt.{_name}", getattr(_cm.Runtime, _name)))
         for _name in ("mark", "elapsed_s"):
-            setattr(_cm.Marks, _name, _timed_call(f"cuda.marks.{_name}", getattr(_cm.Marks, _name)))
+            setattr(_cm.Marks, _name, _timed_call(f"cuda.marks.{_name}", getattr(_cm.Marks, _name), _name == "mark"))
         _cm.device_marks = _timed_call("cuda.device_marks", _cm.device_marks)
 
         def _dump() -> None:

@@ -49,10 +49,18 @@ class MmtraceMiddleware:
             return
         token = current_http.set(ctx)
 
-        async def traced_send(message: dict) -> None:
+        async def timed_send(message: dict) -> None:
             t = now()  # handed on: the server stack writes it to the transport without waiting
             await send(message)
             guarded(COMPONENT, _on_send, ctx, message, t)
+
+        def traced_send(message: dict) -> Any:
+            # A body chunk between the first and the last (every streamed token but two; only body
+            # messages carry ``more_body``) has nothing to time: it goes to the server's own ``send``
+            # with no coroutine of ours around it.
+            if ctx.t_first_body is not None and message.get("more_body"):
+                return send(message)
+            return timed_send(message)
 
         async def traced_receive() -> dict:
             message = await receive()

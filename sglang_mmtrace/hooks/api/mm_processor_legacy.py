@@ -14,7 +14,7 @@ IO and PROC threads get the caller's context through the executors wrapped by ``
 A request's state lives in ``_MmReq``, held by a context variable that the IO/PROC context copies
 share by reference; per-call state on a worker thread lives in a thread-local.
 
-Stages: ``mm.load`` (base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of
+Stages: ``mm.process`` (the request scope, ``process_mm_data_async`` as a whole), ``mm.load`` (base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of
 ``_load_single_item``), ``mm.resize_normalize`` (``process_mm_data``; CUDA event marks (``cuda_marks``) when the fast
 processor runs on the GPU, read when the request has finished (``ApiTrace.add_gpu``), never waited for), ``mm.expand`` (once
 per request: the padded ids and M-RoPE positions on EL; the offsets and per-image split before it
@@ -102,6 +102,7 @@ def _request_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         return
     req, token = st
     current_mm.reset(token)
+    req.trace.add("mm.process", t0, t1)
     tail = exc is None and req.t_combined is not None and req.t_combined <= t1
     if req.split is not None:
         s0, s1, attrs = req.split
@@ -274,7 +275,10 @@ def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
 PART = "mm"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "mm_processor_legacy.request": interval("mm_processor_legacy.request", _request_exit, _request_enter),
+    # also files mm.process (0.5.23's mm_processor.process: the same target, one wrapper instead of two)
+    "mm_processor_legacy.request": interval(
+        "mm_processor_legacy.request", _request_exit, _request_enter, nvtx=_nv("mm.process")
+    ),
     "mm_processor_legacy.load_decode": interval(
         "mm_processor_legacy.load_decode", _load_exit, _load_enter, nvtx=_nv("mm.decode")
     ),

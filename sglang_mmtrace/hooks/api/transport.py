@@ -35,24 +35,28 @@ def _feature_bytes(items: list[Any]) -> int:
 
 
 def _enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    """(trace, feature bytes) for a traced request with features; None (the call goes straight
+    through, untimed) for a text request, an untraced one, or 0.5.17's ``cuda_ipc`` request whose
+    pool copies were already its ``transport.prepare`` (PROC thread): this host step inside
+    ``dispatch`` then moves no bytes, and a stage appears once per request."""
     obj = arg(args, kwargs, 0, "obj")
     items = _items(obj)
-    return (getattr(obj, "rid", None), _feature_bytes(items)) if items else None
+    if not items:
+        return None
+    rid = getattr(obj, "rid", None)
+    trace = LIVE.get(rid) if isinstance(rid, str) else None
+    if trace is None:
+        return None
+    nbytes = _feature_bytes(items)
+    if nbytes == 0 and trace.transport_mode == "cuda_ipc":
+        return None
+    return trace, nbytes
 
 
 def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    if st is None:
-        return
-    rid, nbytes = st
-    trace = LIVE.get(rid) if isinstance(rid, str) else None
-    if trace is None:
-        return
+    trace, nbytes = st
     modes = {_MODE_BY_TYPE.get(type(getattr(i, "feature", None)).__name__, "other") for i in _items(result)}
     mode = "cpu" if "cpu" in modes else (sorted(modes)[0] if modes else "none")
-    if nbytes == 0 and any(ev[0] == "transport.prepare" for ev in trace.events):
-        # 0.5.17 with cuda_ipc: the pool copies were this request's transport.prepare (PROC thread);
-        # this host step inside ``dispatch`` moves no bytes, and a stage appears once per request
-        return
     trace.transport_mode = mode
     trace.transport_bytes += nbytes
     trace.add("transport.prepare", t0, t1, {"mode": mode, "bytes": nbytes})
@@ -66,8 +70,9 @@ def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
 PART = "mm"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
+    # entered_only: a text request (and 0.5.17's cuda_ipc one) goes straight through
     "transport.wrap_shm_features": interval(
-        "transport.wrap_shm_features", _exit, _enter, nvtx=("transport.prepare", _detail)
+        "transport.wrap_shm_features", _exit, _enter, nvtx=("transport.prepare", _detail), entered_only=True
     ),
 }
 
