@@ -309,8 +309,28 @@ def test_throughput_segments_and_ratio() -> None:
         s["arms"]["on"]["cpu_ms_per_request"]["api"] == 100.0 and s["arms"]["off"]["cpu_ms_per_request"]["api"] == 90.0
     )
     assert abs(s["cpu_per_request_ratio_on_off"]["api"] - 100 / 90) < 1e-3
+    assert s["carryover"] is None  # 5 segments follow one: too few for three coefficients
     segs[0]["flip_error"] = "504"  # a segment whose flip failed is left out, and its pair with it
     assert throughput.summarize_segments(segs)["pairs"] == 2
+
+
+def test_throughput_carryover_separates_a_late_cost() -> None:
+    """A cost that arrives one segment late hides from the pair ratio; the fit finds it."""
+    arms = throughput.segment_arms(8)
+    segs = [
+        {"index": i, "pair": i // 2, "arm": arm, "requests": 10, "request_share": 10.0,
+         "tokens_per_s": 7000.0 - 100 * (arm == "on") - 400 * (i > 0 and arms[i - 1] == "on") + (13 * i) % 7,
+         "cpu_s": {}}
+        for i, arm in enumerate(arms)
+    ]  # fmt: skip
+    s = throughput.summarize_segments(segs)
+    co = s["carryover"]
+    assert co["segments"] == 15
+    assert co["own"] == pytest.approx(-100, abs=5) and co["previous"] == pytest.approx(-400, abs=5)
+    assert co["steady_ratio"] == pytest.approx(6500 / 7000, abs=2e-3)
+    assert s["tokens_per_s_ratio_on_off"] > 0.98  # the pair ratio sees little of it
+    segs[5]["flip_error"] = "504"  # neither segment 5 nor the one after it (6) is fitted
+    assert throughput.summarize_segments(segs)["carryover"]["segments"] == 13
 
 
 def test_client_ttft_is_the_first_sse_chunk_with_choices() -> None:

@@ -1,7 +1,7 @@
 """What the plugin costs inside each SGLang process: own time per hook, GC, CPU, on vs off by the switch.
 
     python3 benchmarks/gpu/probe_017.py --out OUTDIR --deadline EPOCH_S [--model DIR]
-        [--arms on,off,on,off] [--rounds 60] [--gap-ms 60] [--cpu]
+        [--arms on,off,on,off] [--rounds 60] [--gap-ms 60] [--concurrency 1] [--max-tokens 8] [--cpu]
 
 One server (``$SGLANG_GPU_FLAGS --enable-metrics``, JSONL) started with ``probe/`` on its
 PYTHONPATH and ``MMTRACE_PROBE_DIR`` set (see ``probe/sitecustomize.py``). Per block (an arm:
@@ -11,8 +11,11 @@ client sends ``--rounds`` rounds of new image / same image / text, one request a
 happened). Writes ``OUTDIR/probe.json``: per block and process role the differences per request
 (CPU seconds, GC collections, seconds and objects collected per generation, per hook id: calls, own seconds and the
 wrapped SGLang call's seconds) and the
-client TTFT medians per kind. ``--cpu``: the CPU demo server instead (a smoke test of the probe
-here, or the CPU side of the measurement).
+client TTFT medians per kind. ``--concurrency C``: C clients at once, each its own ``--rounds``
+rounds back to back (no gap), ``--max-tokens`` output tokens per request: what the plugin costs
+under load, where requests overlap and its objects pile up (the garbage collector's share).
+``--cpu``: the CPU demo server instead (a smoke test of the probe here, or the CPU side of the
+measurement).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import shlex
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +102,8 @@ def main() -> int:
     ap.add_argument("--arms", default="on,off,on,off")
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--gap-ms", type=float, default=60.0)
+    ap.add_argument("--concurrency", type=int, default=1, help="clients at once (1: one request at a time)")
+    ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--cpu", action="store_true", help="the CPU demo server (no GPU)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -124,19 +130,26 @@ def main() -> int:
         for i in range(5):  # warm-up (JIT)
             timed_chat(target.base_url, workload.messages("new_image", -1 - i, "warm-up"))
         for b, arm in enumerate(args.arms.split(",")):
-            if time.time() + args.rounds * 0.2 + 10 > args.deadline:
+            if time.time() + args.rounds * args.concurrency * 0.2 + 10 > args.deadline:
                 log(f"stopping before block {b}: deadline")
                 break
             switchctl.set_level(target.base_url, level(arm))
             before = snapshot(probe_dir, roles)
             ttft: dict[str, list[float]] = {"new_image": [], "same_image": [], "text": []}
-            for r in range(args.rounds):
-                for kind in ttft:
-                    msgs = workload.messages(kind, r, f"block{b}")
-                    ttft[kind].append(timed_chat(target.base_url, msgs)["ttft_s"])
-                    time.sleep(args.gap_ms / 1000)
+
+            def client(c: int, b: int = b, ttft: dict[str, list[float]] = ttft) -> None:
+                for r in range(args.rounds):
+                    for kind in ttft:
+                        msgs = workload.messages(kind, r, f"block{b} client{c}")
+                        ttft[kind].append(timed_chat(target.base_url, msgs, args.max_tokens)["ttft_s"])
+                        if args.concurrency == 1:
+                            time.sleep(args.gap_ms / 1000)
+
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                for f in [pool.submit(client, c) for c in range(args.concurrency)]:
+                    f.result()
             after = snapshot(probe_dir, roles)
-            n = 3 * args.rounds
+            n = 3 * args.rounds * args.concurrency
             block = {
                 "block": b,
                 "arm": arm,

@@ -16,7 +16,8 @@ finish together, so a window held whole waves of requests (on the CPU server 64 
 a 28 s window read 73 or 146 tokens/s and nothing between). The CPU is
 per request the same way: per the share of each request's time that lies in the window. Per arm:
 tokens/s (mean over segments) and CPU milliseconds per request by process. The ratio on/off is the
-ratio of the arms' mean tokens/s, with a t interval over segment pairs.
+ratio of the arms' mean tokens/s, with a t interval over segment pairs; ``carryover`` separates a
+cost that shows one segment late (on the H200, most of it did: ``benchmarks/results/overhead-h200-20261201-3/``).
 """
 
 from __future__ import annotations
@@ -100,6 +101,39 @@ def window_stats(done: list[Done], w0: float, w1: float) -> dict[str, Any]:
     }
 
 
+def carryover(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How much of the plugin's cost shows in the segment *after* the one that caused it.
+
+    A least-squares fit over the valid segments that follow a valid one, ``tokens/s = base + own x
+    (this segment on) + previous x (the segment before on)``: ABBA gives each arm as many segments
+    after an 'on' one as after an 'off' one, so ``own`` (what the pair ratio sees) and ``previous`` (a
+    cost that arrives seconds late: batched export, collections) separate, and the cost of staying on
+    is ``own + previous``: ``steady_ratio`` = ``(base + own + previous) / base``. None with fewer than
+    six such segments (three coefficients)."""
+    ok = {s["index"]: s for s in segments if not s.get("flip_error") and s["request_share"]}
+    rows = [(1.0, ok[i]["arm"] == "on", ok[i - 1]["arm"] == "on", ok[i]["tokens_per_s"]) for i in ok if i - 1 in ok]
+    if len(rows) < 6:
+        return None
+    x = np.array([r[:3] for r in rows], dtype=float)
+    if np.linalg.matrix_rank(x) < 3:
+        return None
+    y = np.array([r[3] for r in rows])
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    base, own, previous = (float(v) for v in coef)
+    # ordinary least squares' standard errors (residual variance over n - 3 degrees of freedom)
+    resid = y - x @ coef
+    se = np.sqrt(np.diag(np.linalg.inv(x.T @ x)) * float(resid @ resid) / (len(rows) - 3))
+    return {
+        "segments": len(rows),
+        "base_tokens_per_s": round(base, 2),
+        "own": round(own, 2),
+        "own_se": round(float(se[1]), 2),
+        "previous": round(previous, 2),
+        "previous_se": round(float(se[2]), 2),
+        "steady_ratio": round((base + own + previous) / base, 4),
+    }
+
+
 def summarize_segments(segments: list[dict[str, Any]]) -> dict[str, Any]:
     """Per arm tokens/s and CPU per request; the on/off ratio over complete segment pairs."""
     valid = [s for s in segments if not s.get("flip_error") and s["request_share"]]
@@ -135,6 +169,7 @@ def summarize_segments(segments: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_s_ratio_on_off": round(ratio, 4),
         "tokens_per_s_ratio_ci95": [round(lo, 4), round(hi, 4)],
         "cpu_per_request_ratio_on_off": cpu_ratio,
+        "carryover": carryover(segments),
     }
 
 
@@ -240,6 +275,12 @@ def notes(result: dict[str, Any]) -> list[str]:
     out.append(
         f"   tokens/s on/off {s['tokens_per_s_ratio_on_off']:.4f} [{lo:.4f}, {hi:.4f}] over {s['pairs']} segment pairs"
     )
+    if (co := s.get("carryover")) is not None:
+        out.append(
+            f"   carry-over fit over {co['segments']} segments: tokens/s {co['base_tokens_per_s']:.0f} "
+            f"{co['own']:+.0f} (se {co['own_se']:.0f}, this segment on) {co['previous']:+.0f} "
+            f"(se {co['previous_se']:.0f}, the one before on): staying on {co['steady_ratio']:.4f} of off"
+        )
     if not result["processes"]:
         out.append("   note: server processes unknown (give --server-pid): no CPU accounting")
     if result["errors_total"]:
