@@ -3,7 +3,7 @@
     python3 benchmarks/gpu/overhead_017.py --out OUTDIR --deadline EPOCH_S [--model DIR]
         [--server-flags "$SGLANG_GPU_FLAGS"] [--n 200] [--ablation-rounds 60] [--concurrency 64]
         [--segment-s 15] [--segments 3] [--gap-ms 60] [--crossover-rounds 30] [--launches 2]
-        [--crossover-runs ab,aa]
+        [--crossover-runs ab,aa] [--throughput-parts PART,...]
 
 Uses whatever ``sglang_mmtrace`` is on PYTHONPATH (the installed wheel, whose dist-info registers
 the plugin's entry point) and prints its commit (``$MMTRACE_COMMIT``) and location. Everything goes
@@ -21,7 +21,8 @@ as soon as it ends, so a timeout loses only the running phase:
    (~0.1 s), so the ``records``/``jsonl``/``prometheus``/``otlp`` work of one level does not spill
    into the next request; ``--ablation-no-records`` skips that wait.
 3. ``throughput`` on the same server: ``--concurrency`` clients, 256 output tokens with
-   ``ignore_eos``, ``--segments`` segments per arm of ``--segment-s`` seconds (shortened to fit).
+   ``ignore_eos``, ``--segments`` segments per arm of ``--segment-s`` seconds (shortened to fit);
+   ``--throughput-parts`` names the parts its 'on' segments enable (default all), to bisect its cost.
 4. ``crossover`` if time is left: server pairs ``SGLANG_MMTRACE=1``/``=0`` started one after the
    other, ``--launches`` launches per orientation, then the A/A control while time lasts
    (``crossover.json`` is rewritten after every launch).
@@ -52,6 +53,7 @@ from sglang_mmtrace.bench import driver
 from sglang_mmtrace.bench.experiments import Options
 from sglang_mmtrace.bench.targets import LaunchConfig, launched
 from sglang_mmtrace.harness.random_model import ensure_model
+from sglang_mmtrace.switch import PARTS
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD_WAIT_S = 0.15  # a record is built ~50-100 ms after the response (other processes' events)
@@ -142,6 +144,11 @@ def main() -> int:
         default=None,
         help='ablation levels as comma-separated groups of parts joined by "+" (default: one level per part)',
     )
+    ap.add_argument(
+        "--throughput-parts",
+        default=None,
+        help="comma-separated parts the throughput phase's 'on' segments enable (default: all): to bisect its cost",
+    )
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--segment-s", type=float, default=15.0, help="throughput segment (the CLI's default is 25)")
     ap.add_argument("--gap-ms", type=float, default=60.0, help="idle gap before each request, both arms")
@@ -159,6 +166,9 @@ def main() -> int:
     )
     ap.add_argument("--work-dir", default="/tmp/mmtrace-overhead-work", help="server logs and full records")
     args = ap.parse_args()
+    wanted = args.throughput_parts.split(",") if args.throughput_parts else []
+    if unknown := sorted(set(wanted) - set(PARTS)):
+        ap.error(f"--throughput-parts: unknown parts {unknown}; known: {','.join(PARTS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work_dir)
@@ -190,6 +200,8 @@ def main() -> int:
     )  # fmt: skip
     if args.ablation_groups:
         opts.ablation_parts = tuple(args.ablation_groups.split(","))
+    if args.throughput_parts:
+        opts.on_parts = tuple(p for p in PARTS if p in wanted)
     st = driver.Settings(
         experiments=[], opts=opts, launch=[cfg], gpu=True, pause_other=False, work_dir=work,
         health_timeout=max(60.0, min(300.0, left(deadline) - 60)), records_timeout=10.0,

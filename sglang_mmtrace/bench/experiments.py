@@ -66,6 +66,7 @@ class Options:
     segment_s: float = 25.0  # throughput: seconds per segment
     segments: int = 3  # throughput: segments per arm
     settle_s: float = 2.0  # throughput: excluded after each flip
+    on_parts: tuple[str, ...] = PARTS  # throughput: the parts its 'on' segments enable (bisecting its cost)
     gap_s: float = 0.1  # overhead / ablation: idle gap between a response's end and the next request
     keep_records: bool = False  # overhead / ablation: after a request with records on, wait until its record is built
     ablation_parts: tuple[str, ...] = PARTS  # ablation levels in order; "a+b" adds a group of parts at one level

@@ -204,7 +204,7 @@ def run_throughput(
             with lock:
                 done.append(Done(t0, t1, kind, res.ok, toks, res.error, t_first))
 
-    flipper.set(PARTS if arms[0] == "on" else None)
+    flipper.set(opts.on_parts if arms[0] == "on" else None)
     threads = [threading.Thread(target=client, args=(i,), daemon=True, name=f"tp-client-{i}") for i in range(clients)]
     for t in threads:
         t.start()
@@ -216,7 +216,7 @@ def run_throughput(
             t_flip = time.monotonic()
             try:
                 if i:
-                    flipper.set(PARTS if arm == "on" else None)
+                    flipper.set(opts.on_parts if arm == "on" else None)
             except SwitchError as exc:  # the segment's arm is uncertain: excluded from the summary
                 seg["flip_error"] = str(exc)[:300]
             seg["flip_s"] = round(time.monotonic() - t_flip, 3)
@@ -246,6 +246,7 @@ def run_throughput(
             "segment_s": opts.segment_s,
             "settle_s": opts.settle_s,
             "segments_per_arm": opts.segments,
+            "on_parts": list(opts.on_parts),
             "image_size": list(workload.size),
         },
         "processes": procs,
@@ -263,6 +264,7 @@ def notes(result: dict[str, Any]) -> list[str]:
     out = [
         f"== throughput: {c['clients']} clients, max_tokens {c['max_tokens']}, {c['segments_per_arm']} segments per arm "
         f"of {c['segment_s']:.0f} s ({c['settle_s']:.0f} s settle excluded)"
+        + ("" if c.get("on_parts", list(PARTS)) == list(PARTS) else f"; 'on' = only {','.join(c['on_parts'])}")
     ]
     for arm in ("on", "off"):
         a = s["arms"][arm]
