@@ -14,8 +14,8 @@ IO and PROC threads get the caller's context through the executors wrapped by ``
 A request's state lives in ``_MmReq``, held by a context variable that the IO/PROC context copies
 share by reference; per-call state on a worker thread lives in a thread-local.
 
-Stages: ``mm.process`` (the request scope, ``process_mm_data_async`` as a whole), ``mm.load`` (base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of
-``_load_single_item``), ``mm.resize_normalize`` (``process_mm_data``; CUDA event marks (``cuda_marks``) when the fast
+Stages: ``mm.process`` (the request scope, ``process_mm_data_async`` as a whole), ``mm.load``
+(base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of ``_load_single_item``), ``mm.resize_normalize`` (``process_mm_data``; CUDA event marks (``cuda_marks``) when the fast
 processor runs on the GPU, read when the request has finished (``ApiTrace.add_gpu``), never waited for), ``mm.expand`` (once
 per request: the padded ids and M-RoPE positions on EL; the offsets and per-image split before it
 on PROC are its ``split_s`` attribute, their time inside ``mm.process``, because the ``cuda_ipc``
