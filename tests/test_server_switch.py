@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import threading
 import time
 
@@ -20,7 +19,6 @@ from reliability import chat_body, flip, post, send_image_requests, settled_stat
 
 from sglang_mmtrace import switch
 from sglang_mmtrace.harness import data_url, image_message, make_image
-from sglang_mmtrace.join import collector
 
 pytestmark = pytest.mark.server
 
@@ -132,12 +130,3 @@ def test_parts_subset_applies_everywhere(server):
         assert not set(rids) & {r["rid"] for r in read_records(server.jsonl_path)}
     finally:
         assert flip(port, {"on": True})[0] == 200
-
-
-def test_the_collector_runs_below_the_api_process_priority(server):
-    """The collector (joins, records, exports: off every request's path) yields the CPU to SGLang."""
-    status, answer = flip(server.port, {"on": True})  # the answer names every process with its pid
-    assert status == 200, answer
-    pids = {key.split(":")[0]: int(key.split(":")[1]) for key in answer["processes"]}
-    api_nice = os.getpriority(os.PRIO_PROCESS, pids["api"])
-    assert os.getpriority(os.PRIO_PROCESS, pids["collector"]) == min(api_nice + collector.NICE, 19), answer

@@ -13,7 +13,6 @@ confirmations. It exits when the API process is gone.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import pickle
@@ -57,11 +56,6 @@ SETTINGS_MEMORY = 64
 """Switch settings remembered by generation (a request is exported under the one it ran in)."""
 FLIP_TIMEOUT_S = 5.0
 FLIP_RESEND_S = 0.2
-NICE = 10
-"""How far below the process that started it (SGLang's API process) the collector runs: nice +10, a
-CFS weight of 110 against SGLang's 1024. Its joins and exports are off every request's path, so on a
-host whose cores SGLang's processes (and their clients) keep busy it takes what they leave, instead
-of an equal share; with idle cores it runs as fast as before. Its threads (exporters) inherit it."""
 
 
 class Sink(Protocol):
@@ -614,7 +608,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--parent", type=int, required=True)
     args = p.parse_args(argv)
     _die_with_parent()
-    _yield_cpu()
     logging.basicConfig(level=logging.INFO, format="[mmtrace collector] %(message)s", stream=sys.stderr)
     from .. import config
 
@@ -624,12 +617,6 @@ def main(argv: list[str] | None = None) -> None:
     if os.getppid() != args.parent:
         return
     collector.run()
-
-
-def _yield_cpu() -> None:
-    """Lower this process's CPU priority by ``NICE``, before any thread starts (threads inherit it)."""
-    with contextlib.suppress(OSError):  # not permitted here: run at the parent's priority
-        os.nice(NICE)
 
 
 def _die_with_parent() -> None:
