@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import Any
 
 import sglang_mmtrace
+from sglang_mmtrace import switch
 from sglang_mmtrace.bench import driver
 from sglang_mmtrace.bench.experiments import Options
 from sglang_mmtrace.bench.targets import LaunchConfig, launched
 from sglang_mmtrace.harness.random_model import ensure_model
-from sglang_mmtrace.switch import PARTS
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD_WAIT_S = 0.15  # a record is built ~50-100 ms after the response (other processes' events)
@@ -166,9 +166,12 @@ def main() -> int:
     )
     ap.add_argument("--work-dir", default="/tmp/mmtrace-overhead-work", help="server logs and full records")
     args = ap.parse_args()
-    wanted = args.throughput_parts.split(",") if args.throughput_parts else []
-    if unknown := sorted(set(wanted) - set(PARTS)):
-        ap.error(f"--throughput-parts: unknown parts {unknown}; known: {','.join(PARTS)}")
+    on_parts = switch.PARTS
+    if args.throughput_parts:
+        try:  # the switch's own parser: known parts only, in stack order
+            on_parts = switch.Setting.parse({"on": True, "parts": args.throughput_parts.split(",")}).parts
+        except ValueError as exc:
+            ap.error(f"--throughput-parts: {exc}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work_dir)
@@ -200,8 +203,7 @@ def main() -> int:
     )  # fmt: skip
     if args.ablation_groups:
         opts.ablation_parts = tuple(args.ablation_groups.split(","))
-    if args.throughput_parts:
-        opts.on_parts = tuple(p for p in PARTS if p in wanted)
+    opts.on_parts = on_parts
     st = driver.Settings(
         experiments=[], opts=opts, launch=[cfg], gpu=True, pause_other=False, work_dir=work,
         health_timeout=max(60.0, min(300.0, left(deadline) - 60)), records_timeout=10.0,

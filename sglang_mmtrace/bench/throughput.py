@@ -101,6 +101,11 @@ def window_stats(done: list[Done], w0: float, w1: float) -> dict[str, Any]:
     }
 
 
+def _valid(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The segments whose arm is certain (their flip was confirmed) and that saw requests."""
+    return [s for s in segments if not s.get("flip_error") and s["request_share"]]
+
+
 def carryover(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
     """How much of the plugin's cost shows in the segment *after* the one that caused it.
 
@@ -110,7 +115,7 @@ def carryover(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
     cost that arrives seconds late: batched export, collections) separate, and the cost of staying on
     is ``own + previous``: ``steady_ratio`` = ``(base + own + previous) / base``. None with fewer than
     six such segments (three coefficients)."""
-    ok = {s["index"]: s for s in segments if not s.get("flip_error") and s["request_share"]}
+    ok = {s["index"]: s for s in _valid(segments)}
     rows = [(1.0, ok[i]["arm"] == "on", ok[i - 1]["arm"] == "on", ok[i]["tokens_per_s"]) for i in ok if i - 1 in ok]
     if len(rows) < 6:
         return None
@@ -136,7 +141,7 @@ def carryover(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def summarize_segments(segments: list[dict[str, Any]]) -> dict[str, Any]:
     """Per arm tokens/s and CPU per request; the on/off ratio over complete segment pairs."""
-    valid = [s for s in segments if not s.get("flip_error") and s["request_share"]]
+    valid = _valid(segments)
     arms: dict[str, Any] = {}
     for arm in ("on", "off"):
         segs = [s for s in valid if s["arm"] == arm]
