@@ -3,7 +3,7 @@
     python3 benchmarks/gpu/overhead_017.py --out OUTDIR --deadline EPOCH_S [--model DIR]
         [--server-flags "$SGLANG_GPU_FLAGS"] [--n 200] [--ablation-rounds 60] [--concurrency 64]
         [--segment-s 15] [--segments 3] [--gap-ms 60] [--crossover-rounds 30] [--launches 2]
-        [--crossover-runs ab,aa] [--throughput-parts PART,...]
+        [--crossover-runs ab,aa] [--throughput-parts PART,...[;PART,...]]
 
 Uses whatever ``sglang_mmtrace`` is on PYTHONPATH (the installed wheel, whose dist-info registers
 the plugin's entry point) and prints its commit (``$MMTRACE_COMMIT``) and location. Everything goes
@@ -22,7 +22,9 @@ as soon as it ends, so a timeout loses only the running phase:
    into the next request; ``--ablation-no-records`` skips that wait.
 3. ``throughput`` on the same server: ``--concurrency`` clients, 256 output tokens with
    ``ignore_eos``, ``--segments`` segments per arm of ``--segment-s`` seconds (shortened to fit);
-   ``--throughput-parts`` names the parts its 'on' segments enable (default all), to bisect its cost.
+   ``--throughput-parts`` names the parts its 'on' segments enable (default all), to bisect its cost;
+   several sets separated by ``;`` (``all`` for every part) run one after the other on the same server,
+   each saved as ``throughput-<i>.json`` (a single set: ``throughput.json``).
 4. ``crossover`` if time is left: server pairs ``SGLANG_MMTRACE=1``/``=0`` started one after the
    other, ``--launches`` launches per orientation, then the A/A control while time lasts
    (``crossover.json`` is rewritten after every launch).
@@ -147,7 +149,8 @@ def main() -> int:
     ap.add_argument(
         "--throughput-parts",
         default=None,
-        help="comma-separated parts the throughput phase's 'on' segments enable (default: all): to bisect its cost",
+        help="comma-separated parts the throughput phase's 'on' segments enable (default: all): to bisect its cost; "
+        "several sets separated by ';' (each its own run on the same server; 'all' = every part)",
     )
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--segment-s", type=float, default=15.0, help="throughput segment (the CLI's default is 25)")
@@ -166,10 +169,11 @@ def main() -> int:
     )
     ap.add_argument("--work-dir", default="/tmp/mmtrace-overhead-work", help="server logs and full records")
     args = ap.parse_args()
-    on_parts = switch.PARTS
-    if args.throughput_parts:
+    part_sets: list[tuple[str, ...]] = []
+    for spec in (args.throughput_parts or "all").split(";"):
         try:  # the switch's own parser: known parts only, in stack order
-            on_parts = switch.Setting.parse({"on": True, "parts": args.throughput_parts.split(",")}).parts
+            names = list(switch.PARTS) if spec.strip() == "all" else spec.split(",")
+            part_sets.append(switch.Setting.parse({"on": True, "parts": names}).parts)
         except ValueError as exc:
             ap.error(f"--throughput-parts: {exc}")
     out = Path(args.out)
@@ -203,7 +207,6 @@ def main() -> int:
     )  # fmt: skip
     if args.ablation_groups:
         opts.ablation_parts = tuple(args.ablation_groups.split(","))
-    opts.on_parts = on_parts
     st = driver.Settings(
         experiments=[], opts=opts, launch=[cfg], gpu=True, pause_other=False, work_dir=work,
         health_timeout=max(60.0, min(300.0, left(deadline) - 60)), records_timeout=10.0,
@@ -243,17 +246,17 @@ def main() -> int:
                                        "wall_s": round(time.time() - t0, 1)}, res.lines)  # fmt: skip
                 (out / "ablation.md").write_text(res.results["ablation"]["markdown"])
                 print(res.results["ablation"]["markdown"], flush=True)
-            if "throughput" in phases:
-                # 3. throughput, segments shortened to fit
-                seg = min(args.segment_s, (left(deadline) - 45) / (2 * args.segments))
+            for i, on_parts in enumerate(part_sets if "throughput" in phases else []):
+                # 3. throughput, once per set of parts, segments shortened to fit the sets still to run
+                seg = min(args.segment_s, (left(deadline) - 45) / (2 * args.segments * (len(part_sets) - i)))
                 if seg >= 6:
-                    opts.segment_s = seg
+                    opts.segment_s, opts.on_parts = seg, on_parts
                     res = driver.Outcome()
                     driver.run_switched(target, "throughput", st, res)
-                    save(out, "throughput", res.results["throughput"])
+                    save(out, "throughput" if len(part_sets) == 1 else f"throughput-{i}", res.results["throughput"])
                     print("\n".join(res.notes), flush=True)
                 else:
-                    log(f"throughput: skipped, {left(deadline):.0f} s left")
+                    log(f"throughput: set {i} skipped, {left(deadline):.0f} s left")
         # 4. crossover, if time is left: a launch pair takes two starts plus its rounds
         if "crossover" in phases and left(deadline) > 150:
             opts.n = args.crossover_rounds
