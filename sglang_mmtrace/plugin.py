@@ -16,10 +16,11 @@ from typing import Any
 from . import config, runtime, switch, telemetry
 from . import environment_variables as ev
 from .hooks import registry
+from .hooks.base import guarded
 from .manifest import HookEntry, Manifest
 from .manifest import load as load_manifest
 from .package import sglang_version
-from .patch import apply, kind_of, resolve, unpatch
+from .patch import apply, follow, kind_of, resolve, unpatch
 
 logger = logging.getLogger("sglang_mmtrace")
 
@@ -139,8 +140,17 @@ def _install(role: str | None, join: bool) -> str | None:
 
     nvtx.setup()
     _apply_hooks(manifest, role)
+    switch.LISTENERS.append(follow_switch)
+    follow_switch()
     runtime.role = role
     return role
+
+
+def follow_switch() -> None:
+    """After every flip: each gated hook in place while its part is on, the original while it is off
+    (``patch.follow``). Runs on the thread that applies the flip; each swap is one atomic store."""
+    for applied in list(runtime.applied):
+        guarded("switch.follow", follow, applied)
 
 
 def _start_collector(version: str) -> None:
@@ -241,6 +251,8 @@ def uninstall() -> None:
     and in the API process the collector process (which holds the sinks and any metrics server) is
     stopped and its addresses leave the environment, so processes started later do not look for it.
     In a scheduler or the detokenizer the outbox's thread ends and its sockets close."""
+    if follow_switch in switch.LISTENERS:
+        switch.LISTENERS.remove(follow_switch)
     for applied in reversed(runtime.applied):
         unpatch(applied)
     for undo in reversed(runtime.uninstallers):

@@ -1,12 +1,14 @@
 """The runtime switch: every part of the plugin on or off, in every process, without a restart.
 
-``POST /mmtrace/enabled {"on": false}`` (API process) turns every hook into a pass-through and idles
+``POST /mmtrace/enabled {"on": false}`` (API process) takes every hook out (SGLang's own functions go
+back in place, ``patch.follow``; a reference SGLang holds to a hook passes straight through) and idles
 the plugin's background threads; ``{"on": true}`` turns it back on; ``{"on": true, "parts": [...]}``
 enables only the named parts (the overhead ablation). The API process applies it at once and
 publishes it to the schedulers and the detokenizer, which apply it and confirm with their next
 heartbeat; the HTTP answer waits for every confirmation.
 
-Hot path: a hook reads one attribute (``Gate.on``) before doing anything. Each flip starts a new
+Hot path: a hook reads one attribute (``Gate.on``) before doing anything. Each process's state shows
+``hooks``: [in place, applied] of its gated hooks. Each flip starts a new
 ``generation``; a request is recorded only if it started and ended in the same generation, so no
 record is half-built across a flip.
 """
@@ -53,7 +55,8 @@ class Gate:
     """One part's switch. Hooks close over it and read ``on``; ``enabled`` is the same setting as a
     list (``[True]`` or empty) that ``patch.hooked`` tests for truth before each call of a gated target
     (wrapt in C, the closures as their first step): while off, the target is called directly and no
-    hook code runs."""
+    hook code runs. That test is the fallback for references taken while the hook was in place: off,
+    the hooks are taken out altogether (``plugin.follow_switch``)."""
 
     __slots__ = ("name", "on", "enabled")
 
@@ -123,5 +126,12 @@ def current() -> Setting:
 
 
 def snapshot() -> dict[str, Any]:
+    """This process's setting, and ``hooks``: [in place, applied] of its gated hooks (``patch.follow``;
+    set-up hooks are never taken out and not counted)."""
+    from . import runtime
+    from .patch import in_place
+
     s = current()
-    return {"on": s.on, "parts": list(s.parts), "generation": generation}
+    gated = [a for a in runtime.applied if a.enabled is not None]
+    placed = sum(1 for a in gated if in_place(a))
+    return {"on": s.on, "parts": list(s.parts), "generation": generation, "hooks": [placed, len(gated)]}

@@ -1,6 +1,7 @@
 """The runtime switch on the real CPU server: ``POST /mmtrace/enabled`` in every process.
 
-Off: every hook is a pass-through in the API process, the scheduler and the detokenizer, and the
+Off: every hook is taken out (SGLang's own functions back in place) in the API process, the scheduler
+and the detokenizer, and the
 collector process exports nothing (each confirms before the answer), requests get no record, and
 ``/mmtrace/state`` shows the setting per process. Back on: records again, complete. A request whose lifetime crosses a flip gets no record
 and is counted as discarded, not as dropped data.
@@ -40,7 +41,10 @@ def test_off_then_on_in_every_process(server):
     assert answer["on"] is False and answer["parts"] == []
     assert kinds(answer) == PROCESSES, answer
     for key, proc in answer["processes"].items():
+        placed, applied = proc.pop("hooks")
         assert proc == {"on": False, "parts": [], "generation": gen_off}, key
+        # off, SGLang's own functions are back in place (the collector process hooks nothing)
+        assert placed == 0 and (applied > 0) == (not key.startswith("collector")), (key, placed, applied)
     st = state(server)
     assert st["api"]["switch"]["on"] is False
     assert {p["switch"]["generation"] for p in st["peers"].values()} == {gen_off}, st
@@ -53,6 +57,9 @@ def test_off_then_on_in_every_process(server):
     assert status == 200, answer
     assert answer["generation"] == gen_off + 1 and answer["parts"] == list(switch.PARTS)
     assert kinds(answer) == PROCESSES
+    for key, proc in answer["processes"].items():
+        placed, applied = proc["hooks"]
+        assert placed == applied and (applied > 0) == (not key.startswith("collector")), (key, placed, applied)
     after = send_image_requests(port, "sw-after", 2, seed=9300, size=64, question="What is it?")
     recs = records(server, after)
     for rec in recs.values():
@@ -124,6 +131,9 @@ def test_parts_subset_applies_everywhere(server):
     try:
         assert status == 200 and answer["parts"] == parts
         assert all(p["parts"] == parts for p in answer["processes"].values()), answer
+        hooks = {key.split(":")[0]: p["hooks"] for key, p in answer["processes"].items()}
+        assert 0 < hooks["api"][0] == hooks["api"][1], hooks  # every API hook is of these parts
+        assert hooks["scheduler"][0] == hooks["detokenizer"][0] == 0 < hooks["scheduler"][1], hooks
         rids = send_image_requests(port, "sw-parts", 1, seed=9600, size=64, question="What is it?")
         time.sleep(1.0)
         # ship and records are off: the API side measured, nothing was recorded

@@ -11,7 +11,7 @@ import pytest
 
 from sglang_mmtrace import telemetry
 from sglang_mmtrace.hooks.base import before, interval
-from sglang_mmtrace.patch import apply, kind_of, resolve, unpatch
+from sglang_mmtrace.patch import apply, follow, in_place, kind_of, resolve, unpatch
 
 
 def _module() -> types.ModuleType:
@@ -94,6 +94,56 @@ def test_a_gated_target_off_skips_the_wrapper_and_on_runs_it_once(toy):
     assert [r for _, r, _ in seen] == [("b", 1), 4]
     for a in reversed(applied):
         unpatch(a)
+
+
+def test_follow_takes_switched_off_hooks_out_and_puts_them_back(toy):
+    """Off, ``follow`` puts SGLang's own functions back: the class attribute, the module function and
+    an import of it by name hold the originals, so a call costs no frame of ours. A bound method taken
+    while the hook was in place (a dispatcher's) still reaches the hook, whose gate passes it through.
+    On again, every place holds the hook and it runs once per call; ``unpatch`` restores either way."""
+    from sglang_mmtrace.switch import Gate
+
+    user = types.ModuleType("mmtrace_toy_user")
+    user.free = toy.free  # ``from mmtrace_toy import free``
+    sys.modules[user.__name__] = user
+    seen: list = []
+    gate = Gate("toy")
+    try:
+        applied = [
+            apply("toy.sync", "mmtrace_toy.Toy.sync", _recorder(seen).make("sync"), gate.enabled),
+            apply("toy.coro", "mmtrace_toy.Toy.coro", _recorder(seen).make("async"), gate.enabled),
+            apply("toy.free", "mmtrace_toy.free", _recorder(seen).make("sync"), gate.enabled),
+        ]
+        sync_orig, coro_orig, free_orig = (a.resolved.original for a in applied)
+        held = toy.Toy().sync  # taken while the hook is in place
+        assert user.free is toy.free is applied[2].hooked and all(in_place(a) for a in applied)
+
+        gate.set(False)
+        for a in applied:
+            follow(a)
+        assert toy.Toy.__dict__["sync"] is sync_orig and toy.Toy.__dict__["coro"] is coro_orig
+        assert toy.free is free_orig and user.free is free_orig
+        assert not any(in_place(a) for a in applied)
+        assert toy.Toy().sync("a") == ("a", 1) and asyncio.run(toy.Toy().coro(2)) == 4 and user.free(3) == 2
+        assert held("b") == ("b", 1) and seen == []  # the gate: straight through
+
+        gate.set(True)
+        for a in applied:
+            follow(a)
+            follow(a)  # idempotent
+        assert all(in_place(a) for a in applied) and user.free is applied[2].hooked
+        assert toy.Toy().sync("c") == ("c", 1) and asyncio.run(toy.Toy().coro(3)) == 6 and user.free(5) == 4
+        assert held("d") == ("d", 1)
+        assert [r for _, r, _ in seen] == [("c", 1), 6, 4, ("d", 1)]
+
+        gate.set(False)
+        for a in applied:
+            follow(a)
+        for a in reversed(applied):
+            unpatch(a)
+        assert toy.Toy.__dict__["sync"] is sync_orig and toy.free is free_orig and user.free is free_orig
+    finally:
+        sys.modules.pop(user.__name__, None)
 
 
 def test_before_on_a_coroutine_returns_the_targets_own_coroutine(toy):

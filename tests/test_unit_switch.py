@@ -27,9 +27,9 @@ def test_parse_accepts_on_off_and_known_parts_in_stack_order():
 
 def test_apply_sets_every_gate_and_the_generation():
     switch.apply(switch.Setting(True, ("http", "ship")), 41)
-    assert switch.snapshot() == {"on": True, "parts": ["http", "ship"], "generation": 41}
+    assert switch.snapshot() == {"on": True, "parts": ["http", "ship"], "generation": 41, "hooks": [0, 0]}
     switch.apply(switch.Setting(False, switch.PARTS), 42)
-    assert switch.snapshot() == {"on": False, "parts": [], "generation": 42}
+    assert switch.snapshot() == {"on": False, "parts": [], "generation": 42, "hooks": [0, 0]}
     assert not any(g.on for g in switch.GATES.values())
 
 
