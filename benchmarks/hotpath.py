@@ -27,6 +27,12 @@ clock, minus its idle rate (the API process runs no plugin thread).
     python -m benchmarks.hotpath                 # all processes, writes results/hotpath.json
     python -m benchmarks.hotpath --reps 5000     # quicker
     python -m benchmarks.hotpath --processes api scheduler --cold --leave-out   # each hook left out in turn
+    python -m benchmarks.hotpath --processes api scheduler --cold --switched-off
+
+``--switched-off`` (api, scheduler) also times a request whose hooks are left in place with the switch
+off (their gates closed, the middleware's ``http`` gate off) against the plain arm: what a switched-off
+plugin cost per request while it kept its hooks in place, a cost the switch's same-instance comparison
+does not see (the server now takes switched-off hooks out, ``patch.follow``).
 """
 
 from __future__ import annotations
@@ -73,14 +79,52 @@ def hooks() -> dict[str, Any]:
     return HOOKS
 
 
+GATE: list[bool] | None = None
+"""The gate the wrappers below are built with (``patch.hooked``'s ``enabled``): None (always on), or
+``[]`` while building a ``--switched-off`` arm (its hooks pass every call straight through)."""
+
+
 def wrap_method(cls: type, attr: str, hook_id: str, kind: str) -> None:
     """What ``patch.apply`` does to a class attribute, on a stand-in class."""
-    setattr(cls, attr, hooked(cls, cls.__dict__[attr], hooks()[hook_id].make(kind)))
+    setattr(cls, attr, hooked(cls, cls.__dict__[attr], hooks()[hook_id].make(kind), GATE))
 
 
 def wrap_function(fn: Callable[..., Any], hook_id: str, kind: str) -> Callable[..., Any]:
     """What ``patch.apply`` rebinds a module-level function to."""
-    return hooked(None, fn, hooks()[hook_id].make(kind))
+    return hooked(None, fn, hooks()[hook_id].make(kind), GATE)
+
+
+def switched_off(
+    build: Callable[[], Callable[[bool], Callable[[], Any]]],
+    plain: Callable[[bool], Callable[[], Any]],
+    args: argparse.Namespace,
+    unit: str,
+) -> dict[str, Any]:
+    """``--switched-off``: image and text requests up to the hand-off, hooks in place with every gate
+    closed (``build()`` makes the traced arm while ``GATE`` is ``[]``), against the plain arm."""
+    global GATE
+    from sglang_mmtrace import switch
+
+    GATE = []
+    try:
+        off = build()
+    finally:
+        GATE = None
+    http = switch.gate("http")
+    out: dict[str, Any] = {}
+    http.on = False  # the middleware's own test (the patched targets test GATE)
+    try:
+        for kind, image in (("image_request", True), ("text_request", False)):
+            samples = interleave(
+                {"plain": lambda image=image: plain(image), "traced": lambda image=image: off(image)},
+                args.reps,
+                args.warmup,
+                seed=7,
+            )
+            out[kind] = summarize(samples, unit, "@handoff")
+    finally:
+        http.on = True
+    return out
 
 
 Arm = Callable[[], Callable[[], Any]]
@@ -667,6 +711,10 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
     out = worker_result(results, to_handoff, steps, background, checks)
     if leave_out_result is not None:
         out["leave_out"] = leave_out_result
+    if args.switched_off:
+        out["switched_off"] = switched_off(
+            lambda: build_api(True, args.steps), plain, args, "µs per request up to its first SSE body bytes"
+        )
     return out
 
 
@@ -949,6 +997,10 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
             collect,
             "µs per image request up to stream_output",
         )
+    if args.switched_off:
+        out["switched_off"] = switched_off(
+            lambda: build_scheduler(True)[0], plain_prefill, args, "µs per request up to stream_output"
+        )
     return out
 
 
@@ -1104,6 +1156,9 @@ def table(result: dict[str, Any]) -> str:
     for proc, body in result["processes"].items():
         for name, s in body.get("leave_out", {}).items():
             lines.append(fmt_row(proc, f"image, up to the hand-off, without {name}", s))
+    for proc, body in result["processes"].items():
+        for name, s in body.get("switched_off", {}).items():
+            lines.append(fmt_row(proc, f"switch off, hooks left in place, up to the hand-off: {name}", s))
     bg = [
         f"- {proc} background thread `{b['thread']}`: {b['cpu_us_per_traced_request']:.2f} µs CPU per traced request "
         f"(idle: {b['idle_cpu_us_per_s']:.0f} µs CPU per s)"
@@ -1131,6 +1186,11 @@ def main(argv: list[str] | None = None) -> int:
         help="api, scheduler: also time an image request up to the hand-off with each hook left out in turn "
         "(--reps samples each)",
     )
+    ap.add_argument(
+        "--switched-off",
+        action="store_true",
+        help="api, scheduler: also time requests with the hooks in place and the switch off, against plain",
+    )
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1151,6 +1211,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch_sizes": args.batch_sizes,
             "cold": args.cold,
             "leave_out": args.leave_out,
+            "switched_off": args.switched_off,
         },
         "method": (
             "stand-ins of the hooked SGLang targets, wrapped with the real hook wrappers (registry.HOOKS[id].make(kind)) "
@@ -1168,6 +1229,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--step-reps", str(args.step_reps), "--batch-sizes", *map(str, args.batch_sizes)]
         cmd += ["--cold"] if args.cold else []
         cmd += ["--leave-out"] if args.leave_out and proc in ("api", "scheduler") else []
+        cmd += ["--switched-off"] if args.switched_off and proc in ("api", "scheduler") else []
         print(f"[hotpath] {proc} ...", flush=True)
         subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
         result["processes"][proc] = json.loads(Path(out).read_text())
