@@ -148,9 +148,17 @@ def _install(role: str | None, join: bool) -> str | None:
 
 def follow_switch() -> None:
     """After every flip: each gated hook in place while its part is on, the original while it is off
-    (``patch.follow``). Runs on the thread that applies the flip; each swap is one atomic store."""
-    for applied in list(runtime.applied):
-        guarded("switch.follow", follow, applied)
+    (``patch.follow``). Runs on the thread that applies the flip; each swap is one atomic store.
+
+    Hooks stacked on one target (two hook ids, one attribute) come out outermost first and go back
+    innermost first, so a target whose hooks are all off holds SGLang's own function again."""
+    applied = list(runtime.applied)
+    for a in reversed(applied):
+        if a.enabled is not None and not a.enabled:
+            guarded("switch.follow", follow, a)
+    for a in applied:
+        if a.enabled:
+            guarded("switch.follow", follow, a)
 
 
 def _start_collector(version: str) -> None:

@@ -146,6 +146,39 @@ def test_follow_takes_switched_off_hooks_out_and_puts_them_back(toy):
         sys.modules.pop(user.__name__, None)
 
 
+def test_follow_switch_takes_stacked_hooks_out_whole_and_puts_them_back_in_order(toy, monkeypatch):
+    """Two hooks on one target (0.5.18's ``process_mm_data_async``): off, the target holds the original
+    again; on, both hooks are back, the second around the first, each running once per call; with only
+    the outer one's part off, the inner one stays in place."""
+    from sglang_mmtrace import plugin, runtime
+    from sglang_mmtrace.switch import Gate
+
+    inner_gate, outer_gate = Gate("inner"), Gate("outer")
+    seen: list = []
+    inner = apply("toy.inner", "mmtrace_toy.Toy.sync", _recorder(seen).make("sync"), inner_gate.enabled)
+    outer = apply("toy.outer", "mmtrace_toy.Toy.sync", _recorder(seen).make("sync"), outer_gate.enabled)
+    monkeypatch.setattr(runtime, "applied", [inner, outer])
+    original = inner.resolved.original
+    try:
+        inner_gate.set(False)
+        outer_gate.set(False)
+        plugin.follow_switch()
+        assert toy.Toy.__dict__["sync"] is original
+        inner_gate.set(True)
+        outer_gate.set(True)
+        plugin.follow_switch()
+        assert toy.Toy.__dict__["sync"] is outer.hooked and outer.resolved.original is inner.hooked
+        assert toy.Toy().sync("a") == ("a", 1) and len(seen) == 2
+        outer_gate.set(False)
+        plugin.follow_switch()
+        assert toy.Toy.__dict__["sync"] is inner.hooked
+        assert toy.Toy().sync("b") == ("b", 1) and len(seen) == 3
+    finally:
+        unpatch(outer)
+        unpatch(inner)
+    assert toy.Toy.__dict__["sync"] is original
+
+
 def test_before_on_a_coroutine_returns_the_targets_own_coroutine(toy):
     """No plugin frame in the await chain: the coroutine awaited is the target's, the enter step ran
     once when it was created, and results and exceptions pass through."""
