@@ -26,7 +26,7 @@ import inspect
 import logging
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,11 +166,12 @@ def follow(applied: Applied) -> None:
         _put(applied, applied.hooked if applied.enabled else applied.resolved.original)
 
 
-def in_place(applied: Applied) -> bool:
-    """Whether the hook, not the original, is what the target's owner holds now."""
+def in_place(applied: Applied, among: Sequence[Applied] = ()) -> bool:
+    """Whether the target's owner holds the hook now: itself, or (``among``: the process's other hooks)
+    the hook stacked around it on the same target."""
     res = applied.resolved
     held = res.owner.__dict__.get(res.attr) if isinstance(res.owner, type) else getattr(res.owner, res.attr, None)
-    return held is applied.hooked
+    return held is applied.hooked or any(o.hooked is held and o.resolved.original is applied.hooked for o in among)
 
 
 def _put(applied: Applied, value: Any) -> None:

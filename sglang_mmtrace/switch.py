@@ -133,5 +133,5 @@ def snapshot() -> dict[str, Any]:
 
     s = current()
     gated = [a for a in runtime.applied if a.enabled is not None]
-    placed = sum(1 for a in gated if in_place(a))
+    placed = sum(1 for a in gated if in_place(a, gated))
     return {"on": s.on, "parts": list(s.parts), "generation": generation, "hooks": [placed, len(gated)]}

@@ -168,6 +168,7 @@ def test_follow_switch_takes_stacked_hooks_out_whole_and_puts_them_back_in_order
         outer_gate.set(True)
         plugin.follow_switch()
         assert toy.Toy.__dict__["sync"] is outer.hooked and outer.resolved.original is inner.hooked
+        assert in_place(inner, [inner, outer]) and not in_place(inner)  # held through the outer hook
         assert toy.Toy().sync("a") == ("a", 1) and len(seen) == 2
         outer_gate.set(False)
         plugin.follow_switch()
