@@ -50,7 +50,7 @@ class Applied:
     resolved: Resolved
     rebound: list[tuple[types.ModuleType, str]] = field(default_factory=list)
     hooked: Any = None  # what replaced the original (``hooked``'s result)
-    enabled: Any = None  # the switch gate's ``enabled`` list; None: not gated (always in place)
+    enabled: list[bool] | None = None  # the switch gate's ``enabled`` list; None: not gated (always in place)
 
 
 def resolve(target: str) -> Resolved:
@@ -154,15 +154,16 @@ def unpatch(applied: Applied) -> None:
     _put(applied, applied.resolved.original)
 
 
-def follow(applied: Applied) -> None:
-    """Put a gated hook in place while its gate is on, the original SGLang function while it is off.
+def follow(applied: Applied, among: Sequence[Applied] = ()) -> None:
+    """Put a gated hook in place while its gate is on, the original SGLang function while it is off
+    (``among``: the process's hooks, so that a hook held inside another on its target counts as in place).
 
     Why: off by the switch, a hook left in place still costs its closure's frame on every call (~6 µs
     per call with cold caches, ``benchmarks/cold_wrappers.py``), a cost the switch's same-instance
     comparison could not see. Taken out, a switched-off target costs what an uninstrumented one does.
     A reference SGLang took while the hook was in place (a dispatcher's bound method, an import made
     later) still reaches the hook, whose gate then calls the original directly."""
-    if applied.enabled is not None and in_place(applied) != bool(applied.enabled):
+    if applied.enabled is not None and in_place(applied, among) != bool(applied.enabled):
         _put(applied, applied.hooked if applied.enabled else applied.resolved.original)
 
 

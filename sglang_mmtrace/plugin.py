@@ -155,10 +155,10 @@ def follow_switch() -> None:
     applied = list(runtime.applied)
     for a in reversed(applied):
         if a.enabled is not None and not a.enabled:
-            guarded("switch.follow", follow, a)
+            guarded("switch.follow", follow, a, applied)
     for a in applied:
         if a.enabled:
-            guarded("switch.follow", follow, a)
+            guarded("switch.follow", follow, a, applied)
 
 
 def _start_collector(version: str) -> None:

@@ -169,6 +169,13 @@ def test_follow_switch_takes_stacked_hooks_out_whole_and_puts_them_back_in_order
         plugin.follow_switch()
         assert toy.Toy.__dict__["sync"] is outer.hooked and outer.resolved.original is inner.hooked
         assert in_place(inner, [inner, outer]) and not in_place(inner)  # held through the outer hook
+        from sglang_mmtrace import patch
+
+        stores: list = []
+        with monkeypatch.context() as m:
+            m.setattr(patch, "_put", lambda a, value: stores.append((a.hook_id, value)))
+            plugin.follow_switch()  # a flip that leaves both on moves nothing (the inner hook is held)
+        assert stores == []
         assert toy.Toy().sync("a") == ("a", 1) and len(seen) == 2
         outer_gate.set(False)
         plugin.follow_switch()
