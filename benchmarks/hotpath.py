@@ -111,20 +111,11 @@ def switched_off(
     finally:
         GATE = None
     http = switch.gate("http")
-    out: dict[str, Any] = {}
     http.on = False  # the middleware's own test (the patched targets test GATE)
     try:
-        for kind, image in (("image_request", True), ("text_request", False)):
-            samples = interleave(
-                {"plain": lambda image=image: plain(image), "traced": lambda image=image: off(image)},
-                args.reps,
-                args.warmup,
-                seed=7,
-            )
-            out[kind] = summarize(samples, unit, "@handoff")
+        return {kind: summarize(samples, unit, "@handoff") for kind, samples in by_kind(plain, off, args, 7).items()}
     finally:
         http.on = True
-    return out
 
 
 Arm = Callable[[], Callable[[], Any]]
@@ -194,6 +185,33 @@ def interleave(
     if after_block is not None:
         after_block()
     return out
+
+
+KINDS = (("image_request", True), ("text_request", False))
+"""The request kinds of every per-request measurement, and whether each carries an image."""
+
+
+def by_kind(
+    plain: Callable[[bool], Callable[[], Any]],
+    traced: Callable[[bool], Callable[[], Any]],
+    args: argparse.Namespace,
+    seed: int,
+    after_block: Callable[[], None] | None = None,
+    block: int = 256,
+) -> dict[str, dict[str, list[float]]]:
+    """``interleave`` once per request kind (``KINDS``): ``plain(image)`` and ``traced(image)`` set up
+    one sample of each arm; ``--reps`` samples after ``--warmup``."""
+    return {
+        kind: interleave(
+            {"plain": lambda image=image: plain(image), "traced": lambda image=image: traced(image)},
+            args.reps,
+            args.warmup,
+            seed=seed,
+            after_block=after_block,
+            block=block,
+        )
+        for kind, image in KINDS
+    }
 
 
 def summarize(samples: dict[str, list[float]], unit: str, suffix: str = "") -> dict[str, Any]:
@@ -636,20 +654,13 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
     traced_requests = 0
     records_before = records_built()
     meter.start()
-    for kind, image in (("image_request", True), ("text_request", False)):
 
-        def traced_arm(image: bool = image) -> Callable[[], Any]:
-            call = traced(image)
-            pending.append(call.rid)  # type: ignore[attr-defined]
-            return call
+    def traced_arm(image: bool) -> Callable[[], Any]:
+        call = traced(image)
+        pending.append(call.rid)  # type: ignore[attr-defined]
+        return call
 
-        samples = interleave(
-            {"plain": lambda image=image: plain(image), "traced": traced_arm},
-            args.reps,
-            args.warmup,
-            seed=1,
-            after_block=flush_remote,
-        )
+    for kind, samples in by_kind(plain, traced_arm, args, 1, after_block=flush_remote).items():
         traced_requests += args.reps + args.warmup
         results[kind] = summarize(samples, f"µs per request ({args.steps} output steps)")
         to_handoff[kind] = summarize(samples, "µs per request, up to its first SSE body bytes", "@handoff")
@@ -951,15 +962,7 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
     to_handoff: dict[str, Any] = {}
     traced_requests = 0
     meter.start()
-    for kind, image in (("image_request", True), ("text_request", False)):
-        samples = interleave(
-            {"plain": lambda image=image: plain_prefill(image), "traced": lambda image=image: traced_prefill(image)},
-            args.reps,
-            args.warmup,
-            seed=4,
-            after_block=collect,
-            block=1024,
-        )
+    for kind, samples in by_kind(plain_prefill, traced_prefill, args, 4, after_block=collect, block=1024).items():
         traced_requests += args.reps + args.warmup
         results[kind] = summarize(samples, "µs per request (prefill path)")
         to_handoff[kind] = summarize(samples, "µs per request, up to stream_output (first token handed on)", "@handoff")
