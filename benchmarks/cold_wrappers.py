@@ -1,4 +1,4 @@
-"""What one hooked call costs with cold CPU caches: wrapt's FunctionWrapper against ``patch.hooked``'s closure.
+"""What one hooked call costs with cold CPU caches: wrapt's FunctionWrapper, ``patch.hooked``'s closure, a ``Direct`` hook.
 
     python -m benchmarks.cold_wrappers [--reps 400] [--json OUT]
 
@@ -7,9 +7,11 @@ evicts what the call touched, so what a hook costs there is its cost with cold c
 loop of a microbenchmark (``benchmarks/hotpath.py --cold`` shows the same for whole requests). Per
 variant, a method of a stand-in class is called once per repetition, all variants interleaved, each
 call after ``hotpath.evict_caches()`` (cold) or right after the previous one (warm); reported is the
-median extra over the unhooked method, in µs. Variants: an ``interval`` hook (enter and exit steps
-that do nothing) on and off by the switch's gate, installed by wrapt (``FunctionWrapper`` with
-``enabled``, as before issue 11) and by ``patch.hooked`` (what the plugin installs on sync targets).
+median extra over the unhooked method, in µs. Variants: an interval hook (enter and exit steps that
+do nothing) on and off by the switch's gate, installed three ways: its wrapt-convention form by wrapt
+(``FunctionWrapper`` with ``enabled``, as before issue 11) and by ``patch.hooked``'s closure (what
+sync targets got until ``Direct``), and ``base.interval``'s own hook, which ``patch.hooked`` builds
+into the target's replacement (``patch.Direct``: one frame, what the plugin installs now).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import wrapt
 
 from sglang_mmtrace.hooks.base import interval
 from sglang_mmtrace.patch import hooked
+from sglang_mmtrace.telemetry import contained
 
 from .hotpath import evict_caches
 
@@ -37,16 +40,48 @@ def _target_class() -> type:
     return Target
 
 
+def _enter(instance: Any, args: tuple, kwargs: dict) -> int:
+    return 1
+
+
+def _exit(*args: Any) -> None:
+    return None
+
+
+def _convention(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """The interval hook in wrapt's convention: guarded enter step, timed call, guarded exit step."""
+    st = None
+    try:
+        st = _enter(instance, args, kwargs)
+    except Exception as e:
+        contained("bench", e)
+    result = exc = None
+    t0 = time.perf_counter()
+    try:
+        result = wrapped(*args, **kwargs)
+        return result
+    except BaseException as e:
+        exc = e
+        raise
+    finally:
+        try:
+            _exit(st, t0, time.perf_counter(), instance, args, kwargs, result, exc)
+        except Exception as e:
+            contained("bench", e)
+
+
 def variants() -> dict[str, Any]:
-    hook = interval("bench", lambda *a: None, lambda i, a, k: 1).make("sync")
+    direct = interval("bench", _exit, _enter).make("sync")
     out: dict[str, Any] = {"plain": _target_class()()}
     for name, on in (("on", [True]), ("off", [])):
-        cls = _target_class()
-        cls.method = wrapt.FunctionWrapper(cls.__dict__["method"], hook, on)
-        out[f"wrapt, switch {name}"] = cls()
-        cls = _target_class()
-        cls.method = hooked(cls, cls.__dict__["method"], hook, on)
-        out[f"patch.hooked, switch {name}"] = cls()
+        for label, install in (
+            ("wrapt", lambda cls, on=on: wrapt.FunctionWrapper(cls.__dict__["method"], _convention, on)),
+            ("closure", lambda cls, on=on: hooked(cls, cls.__dict__["method"], _convention, on)),
+            ("Direct", lambda cls, on=on: hooked(cls, cls.__dict__["method"], direct, on)),
+        ):
+            cls = _target_class()
+            cls.method = install(cls)
+            out[f"{label}, switch {name}"] = cls()
     return out
 
 

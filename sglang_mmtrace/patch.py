@@ -1,7 +1,8 @@
 """Apply and remove wrappers on SGLang targets, named by the version manifest.
 
-Every hook has the wrapt calling convention, ``wrapper(wrapped, instance, args, kwargs)``. A sync
-target (function, method, static or class method) is replaced by a plain closure that calls it so;
+Every hook has the wrapt calling convention, ``wrapper(wrapped, instance, args, kwargs)``, or is a
+``Direct`` hook, built into the function that replaces a sync target. Any other sync target (function,
+method, static or class method) is replaced by a plain closure that calls its wrapper so;
 a coroutine target by a ``wrapt.FunctionWrapper``, which keeps the coroutine kind visible to
 ``inspect`` on every Python version. Why not wrapt everywhere: in a server a hook runs with cold CPU
 caches (SGLang's own work runs between two of its calls), and there wrapt's proxy objects cost more
@@ -91,6 +92,27 @@ def kind_of(obj: Any) -> str:
 _ALWAYS = [True]
 
 
+@dataclass(frozen=True)
+class Direct:
+    """A sync hook built into its target's replacement: ``build(func, enabled, bound)`` returns the
+    function that replaces ``func``, called as ``func`` is (``bound``: its first argument is ``self``
+    or ``cls``, which the hook sees as ``instance``, not among ``args``); while ``enabled`` is false it
+    calls ``func`` directly.
+
+    Why: in a server a hook runs with cold CPU caches, where every Python frame costs microseconds,
+    and the closure ``hooked`` puts around a wrapt-convention wrapper is a second frame per call and
+    a bound method built per call (cold, an interval hook cost 13.5 µs per call that way, 12.2 µs built
+    in, and 8.1 against 4.2 µs with its gate closed; ``benchmarks/cold_wrappers.py``,
+    ``benchmarks/results/direct-hooks-cpu-20261203/``). Called with wrapt's ``(wrapped, instance, args, kwargs)``
+    it still works (a target ``hooked`` cannot replace by a function, a test calling the hook alone).
+    """
+
+    build: Callable[[Callable[..., Any], Any, bool], Callable[..., Any]]
+
+    def __call__(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        return self.build(lambda _instance, *a, **k: wrapped(*a, **k), _ALWAYS, True)(instance, *args, **kwargs)
+
+
 def hooked(owner: Any, original: Any, wrapper: Callable[..., Any], enabled: Any = None) -> Any:
     """What replaces ``original`` (an attribute of ``owner``): ``wrapper`` is called instead of it
     while ``enabled`` (a switch gate's ``enabled`` list) is true, ``original`` directly otherwise."""
@@ -99,6 +121,12 @@ def hooked(owner: Any, original: Any, wrapper: Callable[..., Any], enabled: Any 
     if kind_of(original) != "sync" or not isinstance(raw, types.FunctionType):
         return wrapt.FunctionWrapper(original, wrapper, enabled)
     func = raw
+    if isinstance(wrapper, Direct):
+        bound = isinstance(owner, type) and not isinstance(original, staticmethod)
+        hook = functools.update_wrapper(wrapper.build(func, on, bound), func)
+        if isinstance(original, staticmethod):
+            return staticmethod(hook)
+        return classmethod(hook) if isinstance(original, classmethod) else hook
     if isinstance(original, staticmethod) or not isinstance(owner, type):
 
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import telemetry
+from ..patch import Direct
 from ..sinks import nvtx as nvtx_sink
 from ..telemetry import contained, maybe_inject
 
@@ -29,13 +30,14 @@ class HookSpec:
     """What a hook module offers for one manifest hook id.
 
     ``make(kind)`` returns a wrapper in wrapt's convention ``(wrapped, instance, args, kwargs)`` for a
-    target of that kind (``patch.hooked`` installs it); ``install(obj)`` is for
+    target of that kind, or for a sync target a ``patch.Direct`` (built into the target's replacement,
+    still callable in wrapt's convention); ``patch.hooked`` installs either; ``install(obj)`` is for
     targets that are objects rather than callables (the ASGI app). ``gated=False`` for hooks that
     set the plugin up rather than measure (they keep working while the switch is off).
     """
 
     component: str
-    make: Callable[[str], Wrapper] | None = None
+    make: Callable[[str], Wrapper | Direct] | None = None
     install: Callable[[Any], Callable[[], None]] | None = None
     gated: bool = True
 
@@ -85,9 +87,10 @@ def interval(
     targets called on every decode step, where most calls are of that kind.
     """
 
-    # The guard is inlined into the wrappers (no enter/leave helper frames): these run on SGLang's
-    # hot threads, several times per request before its first token.
-    def make(kind: str) -> Wrapper:
+    # The guard is inlined into the wrappers (no enter/leave helper frames), and a sync target's is
+    # built into its replacement (``Direct``): these run on SGLang's hot threads, several times per
+    # request before its first token.
+    def make(kind: str) -> Wrapper | Direct:
         if kind == "async":
 
             async def async_wrapper(wrapped, instance, args, kwargs):
@@ -128,42 +131,48 @@ def interval(
             return async_wrapper
         if kind == "sync":
 
-            def sync_wrapper(wrapped, instance, args, kwargs):
-                st = None
-                if on_enter is not None:
+            def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
+                def sync_hook(*args, **kwargs):
+                    if not on:
+                        return func(*args, **kwargs)
+                    instance, rest = (args[0], args[1:]) if bound else (None, args)
+                    st = None
+                    if on_enter is not None:
+                        try:
+                            if telemetry.armed is not False:
+                                maybe_inject(component)
+                            st = on_enter(instance, rest, kwargs)
+                        except Exception as e:
+                            contained(component, e)
+                        if st is None and entered_only:
+                            return func(*args, **kwargs)
+                    pushed = (
+                        nvtx is not None
+                        and nvtx_sink.domain is not None
+                        and push_nvtx(component, nvtx, instance, rest, kwargs) is not None
+                    )
+                    result = exc = None
+                    t0 = now()
                     try:
-                        if telemetry.armed is not False:
-                            maybe_inject(component)
-                        st = on_enter(instance, args, kwargs)
-                    except Exception as e:
-                        contained(component, e)
-                    if st is None and entered_only:
-                        return wrapped(*args, **kwargs)
-                pushed = (
-                    nvtx is not None
-                    and nvtx_sink.domain is not None
-                    and push_nvtx(component, nvtx, instance, args, kwargs) is not None
-                )
-                result = exc = None
-                t0 = now()
-                try:
-                    result = wrapped(*args, **kwargs)
-                    return result
-                except BaseException as e:
-                    exc = e
-                    raise
-                finally:
-                    t1 = now()
-                    if pushed:
-                        guarded(component, nvtx_sink.pop)
-                    try:
-                        if telemetry.armed is not False:
-                            maybe_inject(component)
-                        on_exit(st, t0, t1, instance, args, kwargs, result, exc)
-                    except Exception as e:
-                        contained(component, e)
+                        result = func(*args, **kwargs)
+                        return result
+                    except BaseException as e:
+                        exc = e
+                        raise
+                    finally:
+                        t1 = now()
+                        if pushed:
+                            guarded(component, nvtx_sink.pop)
+                        try:
+                            if telemetry.armed is not False:
+                                maybe_inject(component)
+                            on_exit(st, t0, t1, instance, rest, kwargs, result, exc)
+                        except Exception as e:
+                            contained(component, e)
 
-            return sync_wrapper
+                return sync_hook
+
+            return Direct(build)
         raise ValueError(f"{component}: no interval wrapper for kind {kind!r}")
 
     if entered_only and on_enter is None:
@@ -174,13 +183,32 @@ def interval(
 def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> HookSpec:
     """A hook that only looks at the arguments before the call (no timing around it).
 
-    One plain function for both kinds: for a coroutine target the enter step runs when the coroutine
-    is created (SGLang awaits these at once) and the target's own coroutine is returned, so no plugin
-    frame sits in the await chain, where every resume of the target would pass through it.
+    For a coroutine target the enter step runs when the coroutine is created (SGLang awaits these at
+    once) and the target's own coroutine is returned, so no plugin frame sits in the await chain, where
+    every resume of the target would pass through it; a sync target gets it built in (``Direct``).
     """
 
-    def make(kind: str) -> Wrapper:
-        if kind not in ("sync", "async"):
+    def make(kind: str) -> Wrapper | Direct:
+        if kind == "sync":
+
+            def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
+                def sync_hook(*args, **kwargs):
+                    if on:
+                        try:
+                            if telemetry.armed is not False:
+                                maybe_inject(component)
+                            if bound:
+                                on_enter(args[0], args[1:], kwargs)
+                            else:
+                                on_enter(None, args, kwargs)
+                        except Exception as e:
+                            contained(component, e)
+                    return func(*args, **kwargs)
+
+                return sync_hook
+
+            return Direct(build)
+        if kind != "async":
             raise ValueError(f"{component}: no wrapper for kind {kind!r}")
 
         def wrapper(wrapped, instance, args, kwargs):

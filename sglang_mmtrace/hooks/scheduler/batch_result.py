@@ -9,10 +9,12 @@ work runs after the hand-off, off the first token's way to the client.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from ...patch import Direct
 from ...sinks import nvtx
-from ..base import HookSpec, Wrapper, arg, interval
+from ..base import HookSpec, arg, interval
 from . import state as ss
 from .schedule_batch import prefix_images
 
@@ -136,7 +138,7 @@ def _output_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     return nvtx.rids_detail(rids) if rids else None
 
 
-def _stream_make(kind: str) -> Wrapper:
+def _stream_make(kind: str) -> Direct:
     """``stream_output``: remember when the hand-off to the detokenizer ended.
 
     Called on every decode step of every request, so not an ``interval`` hook: a call and one
@@ -145,13 +147,18 @@ def _stream_make(kind: str) -> Wrapper:
     if kind != "sync":
         raise ValueError(f"batch_result.stream_output: no wrapper for kind {kind!r}")
 
-    def wrapper(wrapped, instance, args, kwargs):
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            ss.last_stream_end = ss.now()
+    def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
+        def stream_hook(*args, **kwargs):
+            if not on:
+                return func(*args, **kwargs)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                ss.last_stream_end = ss.now()
 
-    return wrapper
+        return stream_hook
+
+    return Direct(build)
 
 
 PART = "scheduler"  # the switch part that gates these hooks

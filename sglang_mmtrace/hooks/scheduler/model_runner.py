@@ -10,9 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import telemetry
+from ...patch import Direct
 from ...sinks import nvtx
 from ...telemetry import contained, maybe_inject
-from ..base import HookSpec, Wrapper, guarded, push_batch_range
+from ..base import HookSpec, guarded, push_batch_range
 from . import state as ss
 
 
@@ -68,44 +69,48 @@ def around_forward(
     result or exception passes through.
     """
 
-    def make(kind: str) -> Wrapper:
+    def make(kind: str) -> Direct:
         if kind != "sync":
             raise ValueError(f"{component}: expected a sync target, got {kind}")
 
-        def wrapper(wrapped, instance, args, kwargs):
-            ctx = ss.current
-            if ctx is None:
-                return wrapped(*args, **kwargs)
-            pushed = False
-            m0: Any = None
-            try:
-                if telemetry.armed is not False:
-                    maybe_inject(component)
-                if names := rids(ctx, args, kwargs):
-                    pushed = nvtx.domain is not None and push_batch_range(component, stage, names)
-                    m0 = start(ctx)
-            except Exception as e:
-                contained(component, e)
-            try:
-                return wrapped(*args, **kwargs)
-            finally:
-                m1: Any = None
-                if m0 is not None:
-                    try:
-                        if telemetry.armed is not False:
-                            maybe_inject(component)
-                        m1 = ctx.clock.mark()
-                    except Exception as e:
-                        contained(component, e)
-                if pushed:
-                    guarded(component, nvtx.pop)
-                if m0 is not None and m1 is not None:
-                    try:
-                        store(ctx, m0, m1, args, kwargs)
-                    except Exception as e:
-                        contained(component, e)
+        def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
+            def forward_hook(*args, **kwargs):
+                ctx = ss.current
+                if ctx is None or not on:
+                    return func(*args, **kwargs)
+                rest = args[1:] if bound else args
+                pushed = False
+                m0: Any = None
+                try:
+                    if telemetry.armed is not False:
+                        maybe_inject(component)
+                    if names := rids(ctx, rest, kwargs):
+                        pushed = nvtx.domain is not None and push_batch_range(component, stage, names)
+                        m0 = start(ctx)
+                except Exception as e:
+                    contained(component, e)
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    m1: Any = None
+                    if m0 is not None:
+                        try:
+                            if telemetry.armed is not False:
+                                maybe_inject(component)
+                            m1 = ctx.clock.mark()
+                        except Exception as e:
+                            contained(component, e)
+                    if pushed:
+                        guarded(component, nvtx.pop)
+                    if m0 is not None and m1 is not None:
+                        try:
+                            store(ctx, m0, m1, rest, kwargs)
+                        except Exception as e:
+                            contained(component, e)
 
-        return wrapper
+            return forward_hook
+
+        return Direct(build)
 
     return HookSpec(component, make=make)
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from ...patch import Direct
 from ...sinks import nvtx
-from ..base import HookSpec, Wrapper, arg, interval
+from ..base import HookSpec, arg, interval
 from . import state as ss
 
 
-def _recv_make(kind: str) -> Wrapper:
+def _recv_make(kind: str) -> Direct:
     """``recv_requests``: when a call returns requests, remember when it started (their receive start).
 
     Not an ``interval`` hook: the scheduler polls ``recv_requests`` in a tight loop, thousands of
@@ -19,14 +21,19 @@ def _recv_make(kind: str) -> Wrapper:
     if kind != "sync":
         raise ValueError(f"scheduler.recv_requests: no wrapper for kind {kind!r}")
 
-    def wrapper(wrapped, instance, args, kwargs):
-        t0 = ss.now()
-        result = wrapped(*args, **kwargs)
-        if result:
-            ss.last_recv_start = t0
-        return result
+    def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
+        def recv_hook(*args, **kwargs):
+            if not on:
+                return func(*args, **kwargs)
+            t0 = ss.now()
+            result = func(*args, **kwargs)
+            if result:
+                ss.last_recv_start = t0
+            return result
 
-    return wrapper
+        return recv_hook
+
+    return Direct(build)
 
 
 def _enqueue_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
