@@ -807,6 +807,7 @@ class Req:
     def __init__(self, rid: str, traced: bool = True) -> None:
         self.rid = rid
         self.output_ids: list[int] = []
+        self.origin_input_ids = list(range(12))  # read at admission (``scheduler.run_batch``)
         if traced:
             self._mmtrace = ss.ReqTrace(1.0, 2.0, rid)
 

@@ -69,7 +69,6 @@ def test_admission_is_read_before_the_prefill_and_filed_after_the_hand_off(box: 
     hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (req,), {})
     hook("schedule_batch.match", schedule_batch)(lambda: req.init_next_round_input(), req, (), {})
     sb = SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_extend=lambda: True))
-    hook("schedule_batch.prepare_for_extend", schedule_batch)(lambda: None, sb, (), {})
     assert hook("scheduler.run_batch", scheduler)(lambda b: "result", None, (sb,), {}) == "result"
     assert [e[1] for e in box.sent] == ["scheduler.recv"]  # nothing else before the hand-off
 
@@ -109,7 +108,6 @@ def test_a_chunked_prefill_files_its_admission_once_and_each_chunks_forward(box:
     hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (req,), {})
     sb = SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_extend=lambda: True))
     for chunk in range(2):
-        hook("schedule_batch.prepare_for_extend", schedule_batch)(lambda: None, sb, (), {})
         hook("scheduler.run_batch", scheduler)(lambda b: "result", None, (sb,), {})
         req.output_ids = [7] if chunk == 1 else []  # the last chunk samples the first token
         hook("batch_result.prefill", batch_result)(lambda b, res: res, None, (sb, "r"), {})

@@ -29,6 +29,7 @@ class Req:
     def __init__(self, rid: str) -> None:
         self.rid = rid
         self.output_ids: list[int] = []
+        self.origin_input_ids = list(range(12))  # read at admission (``scheduler.run_batch``)
         self.pixels = bytearray(1 << 20)  # stands for the request's image tensors
 
     def finished(self) -> bool:

@@ -1,4 +1,4 @@
-"""Req / ScheduleBatch (scheduler process): the adopted radix prefix match and admission."""
+"""Req (scheduler process): the adopted radix prefix match, and what admission reads of a request."""
 
 from __future__ import annotations
 
@@ -31,21 +31,17 @@ def _prefix_len(req: Any) -> int:
     return len(indices) if indices is not None else 0
 
 
-def _prepare_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    """Admission: fix the adopted match's times and read what the prefill will change (the cached
-    tokens, the prefix length); its events are built after the first token's hand-off (``batch_result``)."""
-    if exc is not None:
-        return
-    for req in instance.reqs:
-        tr = getattr(req, "_mmtrace", None)
-        if tr is None or tr.admitted:
-            continue
-        tr.admitted = True
-        if tr.t_match0 is None:
-            tr.t_match0 = t0
-        if tr.t_match1 is None:
-            tr.t_match1 = t0
-        tr.admission = (getattr(req, "cached_tokens", 0), _prefix_len(req))
+def admit(req: Any, tr: Any, t: float) -> None:
+    """Admission into a prefill forward (``scheduler.run_batch``): fix the adopted match's times and read
+    what the prefill will change (the cached tokens, the prefix length), as ``prepare_for_extend`` left
+    them; the events are built after the first token's hand-off (``batch_result``). Read at the forward's
+    launch rather than from a hook on ``prepare_for_extend``: one hooked call less before the first token."""
+    tr.admitted = True
+    if tr.t_match0 is None:
+        tr.t_match0 = t
+    if tr.t_match1 is None:
+        tr.t_match1 = t
+    tr.admission = (getattr(req, "cached_tokens", 0), _prefix_len(req))
 
 
 def _match_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
@@ -59,7 +55,6 @@ HOOKS: dict[str, HookSpec] = {
     "schedule_batch.match": interval(
         "schedule_batch.match", _match_exit, nvtx=("scheduler.prefix_match", _match_detail)
     ),
-    "schedule_batch.prepare_for_extend": interval("schedule_batch.prepare_for_extend", _prepare_exit),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)

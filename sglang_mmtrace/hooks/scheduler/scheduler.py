@@ -1,4 +1,4 @@
-"""Scheduler (scheduler process): receive, enqueue, and the prefill forward of each batch."""
+"""Scheduler (scheduler process): receive, enqueue, and the prefill forward of each batch (admission)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from ...patch import Direct
 from ...sinks import nvtx
 from ..base import HookSpec, arg, interval
 from . import state as ss
+from .schedule_batch import admit
 
 
 def _recv_make(kind: str) -> Direct:
@@ -51,10 +52,17 @@ def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     mode = getattr(batch, "forward_mode", None)
     if mode is None or not mode.is_extend():
         return None
-    traces = [tr for r in batch.reqs if (tr := getattr(r, "_mmtrace", None)) is not None and not tr.first_token]
+    t = ss.now()
+    traces = []
+    for r in batch.reqs:
+        tr = getattr(r, "_mmtrace", None)
+        if tr is not None and not tr.first_token:
+            if not tr.admitted:
+                admit(r, tr, t)
+            traces.append(tr)
     if not traces:
         return None
-    ctx = ss.FwdCtx(traces, ss.now(), len(batch.reqs))
+    ctx = ss.FwdCtx(traces, t, len(batch.reqs))
     for tr in traces:
         tr.fwd = ctx  # the overlap scheduler processes a copy of the batch: keep it on the requests' traces
     ss.current = ctx
