@@ -18,6 +18,11 @@ handles), on the current stream (the legacy default stream on a thread that neve
 API's PROC threads) and on a stream of its own (as SGLang's scheduler forward). Also the current
 stream's lookup (``torch._C._cuda_getCurrentRawStream``) and a no-op runtime call
 (``cudaGetLastError``) after ``idle``: what the call's path costs without the record.
+
+And whether a mark's idle cost is its own or the one the next CUDA call would pay anyway
+(``shared idle``): after 60 ms idle, 10 small kernel launches (a forward's first work) alone, and
+the same launches right after a record, alternating, ``--samples`` each; the difference of their
+medians is what a mark taken before a forward adds to it.
 """
 
 from __future__ import annotations
@@ -100,6 +105,30 @@ def main() -> None:
     ):
         out[f"{name} idle"] = timed(call, "idle", "current")
         print(f"{name} idle", out[f"{name} idle"], flush=True)
+    current = streams["current"]
+
+    def burst() -> int:
+        for _ in range(10):
+            x.add_(1.0)
+        return 0
+
+    def marked_burst() -> int:
+        rc = rt.cudaEventRecord(events[next(slot) % 4096], current)
+        return rc or burst()
+
+    variants: dict[str, list[float]] = {"launches alone": [], "record + launches": []}
+    for i in range(args.samples):
+        for name in sorted(variants, reverse=bool(i % 2)):  # alternate which runs first
+            before("idle", "current")
+            t0 = time.perf_counter()
+            assert (marked_burst if name == "record + launches" else burst)() == 0
+            variants[name].append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+    medians = {k: statistics.median(v) for k, v in variants.items()}
+    out["shared idle"] = {k: round(v, 2) for k, v in medians.items()} | {
+        "record adds_us": round(medians["record + launches"] - medians["launches alone"], 2)
+    }
+    print("shared idle", out["shared idle"], flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(out, fh, indent=1)
