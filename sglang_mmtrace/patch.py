@@ -120,38 +120,36 @@ def hooked(owner: Any, original: Any, wrapper: Callable[..., Any], enabled: Any 
     raw = original.__func__ if isinstance(original, staticmethod | classmethod) else original
     if kind_of(original) != "sync" or not isinstance(raw, types.FunctionType):
         return wrapt.FunctionWrapper(original, wrapper, enabled)
-    func = raw
-    if isinstance(wrapper, Direct):
-        bound = isinstance(owner, type) and not isinstance(original, staticmethod)
-        hook = functools.update_wrapper(wrapper.build(func, on, bound), func)
-        if isinstance(original, staticmethod):
-            return staticmethod(hook)
-        return classmethod(hook) if isinstance(original, classmethod) else hook
-    if isinstance(original, staticmethod) or not isinstance(owner, type):
+    direct = wrapper if isinstance(wrapper, Direct) else _closure(wrapper)
+    bound = isinstance(owner, type) and not isinstance(original, staticmethod)
+    hook = functools.update_wrapper(direct.build(raw, on, bound), raw)
+    if isinstance(original, staticmethod):
+        return staticmethod(hook)
+    return classmethod(hook) if isinstance(original, classmethod) else hook
+
+
+def _closure(wrapper: Callable[..., Any]) -> Direct:
+    """A wrapt-convention sync wrapper as the replacement's body: a closure that calls it with the
+    target (bound to ``self``/``cls`` for a method or class method), one frame more than a ``Direct`` hook."""
+
+    def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
+        if bound:
+
+            def call_bound(first: Any, *args: Any, **kwargs: Any) -> Any:
+                if not on:
+                    return func(first, *args, **kwargs)
+                return wrapper(types.MethodType(func, first), first, args, kwargs)
+
+            return call_bound
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if not on:
                 return func(*args, **kwargs)
             return wrapper(func, None, args, kwargs)
 
-        hook: Any = functools.update_wrapper(call, func)
-        return staticmethod(hook) if isinstance(original, staticmethod) else hook
+        return call
 
-    if isinstance(original, classmethod):
-
-        def call_cls(cls: Any, *args: Any, **kwargs: Any) -> Any:
-            if not on:
-                return func(cls, *args, **kwargs)
-            return wrapper(types.MethodType(func, cls), cls, args, kwargs)
-
-        return classmethod(functools.update_wrapper(call_cls, func))
-
-    def call_self(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not on:
-            return func(self, *args, **kwargs)
-        return wrapper(types.MethodType(func, self), self, args, kwargs)
-
-    return functools.update_wrapper(call_self, func)
+    return Direct(build)
 
 
 def apply(hook_id: str, target: str, wrapper: Callable[..., Any], enabled: Any = None) -> Applied:

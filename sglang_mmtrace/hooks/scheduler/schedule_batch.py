@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import HookSpec, interval
+from . import state as ss
 
 
 def _match_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -31,7 +32,7 @@ def _prefix_len(req: Any) -> int:
     return len(indices) if indices is not None else 0
 
 
-def admit(req: Any, tr: Any, t: float) -> None:
+def admit(req: Any, tr: ss.ReqTrace, t: float) -> None:
     """Admission into a prefill forward (``scheduler.run_batch``): fix the adopted match's times and read
     what the prefill will change (the cached tokens, the prefix length), as ``prepare_for_extend`` left
     them; the events are built after the first token's hand-off (``batch_result``). Read at the forward's
