@@ -1,15 +1,16 @@
 """Apply and remove wrappers on SGLang targets, named by the version manifest.
 
 Every hook has the wrapt calling convention, ``wrapper(wrapped, instance, args, kwargs)``, or is a
-``Direct`` hook, built into the function that replaces a sync target. Any other sync target (function,
-method, static or class method) is replaced by a plain closure that calls its wrapper so;
-a coroutine target by a ``wrapt.FunctionWrapper``, which keeps the coroutine kind visible to
-``inspect`` on every Python version. Why not wrapt everywhere: in a server a hook runs with cold CPU
-caches (SGLang's own work runs between two of its calls), and there wrapt's proxy objects cost more
-than the hook: per call, cold, a wrapt wrapper added 28 µs and the closure 19 µs to an interval hook
-(17 vs 8 µs with the switch off; ``benchmarks/cold_wrappers.py``); on the H200 the hooks' cold cost was most of the plugin's TTFT
-cost (``benchmarks/hotpath.py --cold``). Both keep the signature (``__wrapped__``) and the switch's
-gate (``enabled``, tested before the hook runs).
+``Direct`` hook, built into the function that replaces its target. A sync target (function, method,
+static or class method) with a wrapt-convention wrapper is replaced by a plain closure that calls its
+wrapper so; anything else (a coroutine target with such a wrapper, an async generator, a target that
+is not a Python function) by a ``wrapt.FunctionWrapper``. A coroutine target's replacement stays a
+coroutine function to ``inspect`` (and on Python 3.11 to ``asyncio``). Why not wrapt everywhere: in a
+server a hook runs with cold CPU caches (SGLang's own work runs between two of its calls), and there
+wrapt's proxy objects cost more than the hook: per call, cold, a wrapt wrapper added 23 µs to an
+interval hook, the closure 13.5 µs and a ``Direct`` hook 12.2 µs (``benchmarks/cold_wrappers.py``); on
+the H200 the hooks' cold cost was most of the plugin's TTFT cost (``benchmarks/hotpath.py --cold``).
+All keep the signature (``__wrapped__``) and the switch's gate (``enabled``, tested before the hook runs).
 
 Functions that SGLang re-imports by name (``from mm_utils import wrap_shm_features``) are re-bound
 in every module that holds the original, as SGLang's own HookRegistry does.
@@ -21,6 +22,7 @@ references SGLang took while the hook was in place.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import inspect
@@ -79,14 +81,31 @@ def resolve(target: str) -> Resolved:
     return Resolved(module, owner, attr, original)
 
 
+_ASYNCIO_MARK = getattr(asyncio.coroutines, "_is_coroutine", None)
+"""Python 3.11's mark of a plain function that returns a coroutine (``asyncio.iscoroutinefunction``);
+3.12+ has ``inspect.markcoroutinefunction``."""
+
+
 def kind_of(obj: Any) -> str:
     """``async``, ``asyncgen`` or ``sync`` for a function or a static/class method."""
     func = obj.__func__ if isinstance(obj, staticmethod | classmethod) else obj
     if inspect.isasyncgenfunction(func):
         return "asyncgen"
-    if inspect.iscoroutinefunction(func):
+    if inspect.iscoroutinefunction(func) or (
+        _ASYNCIO_MARK is not None and getattr(func, "_is_coroutine", None) is _ASYNCIO_MARK
+    ):
         return "async"
     return "sync"
+
+
+def _coroutine_function(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a plain function that returns a coroutine (a ``before`` hook's replacement of a coroutine
+    target) so that it still reads as a coroutine function."""
+    mark = getattr(inspect, "markcoroutinefunction", None)
+    if mark is not None:
+        return mark(func)
+    func._is_coroutine = _ASYNCIO_MARK  # type: ignore[attr-defined]
+    return func
 
 
 _ALWAYS = [True]
@@ -94,10 +113,10 @@ _ALWAYS = [True]
 
 @dataclass(frozen=True)
 class Direct:
-    """A sync hook built into its target's replacement: ``build(func, enabled, bound)`` returns the
-    function that replaces ``func``, called as ``func`` is (``bound``: its first argument is ``self``
-    or ``cls``, which the hook sees as ``instance``, not among ``args``); while ``enabled`` is false it
-    calls ``func`` directly.
+    """A hook built into its target's replacement: ``build(func, enabled, bound)`` returns the
+    function that replaces ``func`` (for a coroutine target, one that returns a coroutine), called as
+    ``func`` is (``bound``: its first argument is ``self`` or ``cls``, which the hook sees as
+    ``instance``, not among ``args``); while ``enabled`` is false it calls ``func`` directly.
 
     Why: in a server a hook runs with cold CPU caches, where every Python frame costs microseconds,
     and the closure ``hooked`` puts around a wrapt-convention wrapper is a second frame per call and
@@ -118,11 +137,14 @@ def hooked(owner: Any, original: Any, wrapper: Callable[..., Any], enabled: Any 
     while ``enabled`` (a switch gate's ``enabled`` list) is true, ``original`` directly otherwise."""
     on = _ALWAYS if enabled is None else enabled
     raw = original.__func__ if isinstance(original, staticmethod | classmethod) else original
-    if kind_of(original) != "sync" or not isinstance(raw, types.FunctionType):
+    kind = kind_of(original)
+    direct = wrapper if isinstance(wrapper, Direct) else _closure(wrapper) if kind == "sync" else None
+    if direct is None or kind == "asyncgen" or not isinstance(raw, types.FunctionType):
         return wrapt.FunctionWrapper(original, wrapper, enabled)
-    direct = wrapper if isinstance(wrapper, Direct) else _closure(wrapper)
     bound = isinstance(owner, type) and not isinstance(original, staticmethod)
     hook = functools.update_wrapper(direct.build(raw, on, bound), raw)
+    if kind == "async" and not inspect.iscoroutinefunction(hook):
+        hook = _coroutine_function(hook)
     if isinstance(original, staticmethod):
         return staticmethod(hook)
     return classmethod(hook) if isinstance(original, classmethod) else hook

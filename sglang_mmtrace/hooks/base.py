@@ -30,8 +30,8 @@ class HookSpec:
     """What a hook module offers for one manifest hook id.
 
     ``make(kind)`` returns a wrapper in wrapt's convention ``(wrapped, instance, args, kwargs)`` for a
-    target of that kind, or for a sync target a ``patch.Direct`` (built into the target's replacement,
-    still callable in wrapt's convention); ``patch.hooked`` installs either; ``install(obj)`` is for
+    target of that kind, or a ``patch.Direct`` (built into the target's replacement, still callable in
+    wrapt's convention); ``patch.hooked`` installs either; ``install(obj)`` is for
     targets that are objects rather than callables (the ASGI app). ``gated=False`` for hooks that
     set the plugin up rather than measure (they keep working while the switch is off).
     """
@@ -87,48 +87,54 @@ def interval(
     targets called on every decode step, where most calls are of that kind.
     """
 
-    # The guard is inlined into the wrappers (no enter/leave helper frames), and a sync target's is
-    # built into its replacement (``Direct``): these run on SGLang's hot threads, several times per
-    # request before its first token.
-    def make(kind: str) -> Wrapper | Direct:
+    # The guard is inlined into the hooks (no enter/leave helper frames), and the hook is built into
+    # its target's replacement (``Direct``; for a coroutine target an ``async def`` awaiting it): these
+    # run on SGLang's hot threads, several times per request before its first token.
+    def make(kind: str) -> Direct:
         if kind == "async":
 
-            async def async_wrapper(wrapped, instance, args, kwargs):
-                st = None
-                if on_enter is not None:
+            def build_async(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
+                async def async_hook(*args, **kwargs):
+                    if not on:
+                        return await func(*args, **kwargs)
+                    instance, rest = (args[0], args[1:]) if bound else (None, args)
+                    st = None
+                    if on_enter is not None:
+                        try:
+                            if telemetry.armed is not False:
+                                maybe_inject(component)
+                            st = on_enter(instance, rest, kwargs)
+                        except Exception as e:
+                            contained(component, e)
+                        if st is None and entered_only:
+                            return await func(*args, **kwargs)
+                    range_id = (
+                        push_nvtx(component, nvtx, instance, rest, kwargs, nested=False)
+                        if nvtx is not None and nvtx_sink.domain is not None
+                        else None
+                    )
+                    result = exc = None
+                    t0 = now()
                     try:
-                        if telemetry.armed is not False:
-                            maybe_inject(component)
-                        st = on_enter(instance, args, kwargs)
-                    except Exception as e:
-                        contained(component, e)
-                    if st is None and entered_only:
-                        return await wrapped(*args, **kwargs)
-                range_id = (
-                    push_nvtx(component, nvtx, instance, args, kwargs, nested=False)
-                    if nvtx is not None and nvtx_sink.domain is not None
-                    else None
-                )
-                result = exc = None
-                t0 = now()
-                try:
-                    result = await wrapped(*args, **kwargs)
-                    return result
-                except BaseException as e:
-                    exc = e
-                    raise
-                finally:
-                    t1 = now()
-                    if range_id is not None:
-                        guarded(component, nvtx_sink.end, range_id)
-                    try:
-                        if telemetry.armed is not False:
-                            maybe_inject(component)
-                        on_exit(st, t0, t1, instance, args, kwargs, result, exc)
-                    except Exception as e:
-                        contained(component, e)
+                        result = await func(*args, **kwargs)
+                        return result
+                    except BaseException as e:
+                        exc = e
+                        raise
+                    finally:
+                        t1 = now()
+                        if range_id is not None:
+                            guarded(component, nvtx_sink.end, range_id)
+                        try:
+                            if telemetry.armed is not False:
+                                maybe_inject(component)
+                            on_exit(st, t0, t1, instance, rest, kwargs, result, exc)
+                        except Exception as e:
+                            contained(component, e)
 
-            return async_wrapper
+                return async_hook
+
+            return Direct(build_async)
         if kind == "sync":
 
             def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
@@ -183,44 +189,33 @@ def interval(
 def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> HookSpec:
     """A hook that only looks at the arguments before the call (no timing around it).
 
-    For a coroutine target the enter step runs when the coroutine is created (SGLang awaits these at
-    once) and the target's own coroutine is returned, so no plugin frame sits in the await chain, where
-    every resume of the target would pass through it; a sync target gets it built in (``Direct``).
+    Built into the target's replacement (``Direct``), the same function for either kind: for a
+    coroutine target the enter step runs when the coroutine is created (SGLang awaits these at once)
+    and the target's own coroutine is returned, so no plugin frame sits in the await chain, where every
+    resume of the target would pass through it (``patch.hooked`` marks the replacement a coroutine
+    function).
     """
 
-    def make(kind: str) -> Wrapper | Direct:
-        if kind == "sync":
+    def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
+        def before_hook(*args, **kwargs):
+            if on:
+                try:
+                    if telemetry.armed is not False:
+                        maybe_inject(component)
+                    if bound:
+                        on_enter(args[0], args[1:], kwargs)
+                    else:
+                        on_enter(None, args, kwargs)
+                except Exception as e:
+                    contained(component, e)
+            return func(*args, **kwargs)
 
-            def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
-                def sync_hook(*args, **kwargs):
-                    if on:
-                        try:
-                            if telemetry.armed is not False:
-                                maybe_inject(component)
-                            if bound:
-                                on_enter(args[0], args[1:], kwargs)
-                            else:
-                                on_enter(None, args, kwargs)
-                        except Exception as e:
-                            contained(component, e)
-                    return func(*args, **kwargs)
+        return before_hook
 
-                return sync_hook
-
-            return Direct(build)
-        if kind != "async":
+    def make(kind: str) -> Direct:
+        if kind not in ("sync", "async"):
             raise ValueError(f"{component}: no wrapper for kind {kind!r}")
-
-        def wrapper(wrapped, instance, args, kwargs):
-            try:
-                if telemetry.armed is not False:
-                    maybe_inject(component)
-                on_enter(instance, args, kwargs)
-            except Exception as e:
-                contained(component, e)
-            return wrapped(*args, **kwargs)
-
-        return wrapper
+        return Direct(build)
 
     return HookSpec(component, make=make)
 

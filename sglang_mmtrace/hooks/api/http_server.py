@@ -52,13 +52,19 @@ class MmtraceMiddleware:
         async def timed_send(message: dict) -> None:
             t = now()  # handed on: the server stack writes it to the transport without waiting
             await send(message)
-            guarded(COMPONENT, _on_send, ctx, message, t)
+            guarded(COMPONENT, _on_last_send, ctx, message, t)
 
         def traced_send(message: dict) -> Any:
-            # A body chunk between the first and the last (every streamed token but two; only body
-            # messages carry ``more_body``) has nothing to time: it goes to the server's own ``send``
-            # with no coroutine of ours around it.
-            if ctx.t_first_body is not None and message.get("more_body"):
+            # Every message but the last body one goes to the server's own ``send`` with no coroutine
+            # of ours around it (two of them are on the TTFT path): a body chunk with more to come
+            # (only body messages carry ``more_body``) is timed when handed on (the first), and the
+            # response start only gives its status.
+            if message.get("more_body"):
+                if ctx.t_first_body is None and message.get("body"):
+                    ctx.t_first_body = now()
+                return send(message)
+            if message.get("type") == "http.response.start":
+                ctx.status_code = message.get("status")
                 return send(message)
             return timed_send(message)
 
@@ -92,26 +98,25 @@ def _open(scope: dict) -> HttpCtx:
     return ctx
 
 
-def _on_send(ctx: HttpCtx, message: dict, t: float) -> None:
-    """Called once ``send`` returned, with the time the message was handed to it: uvicorn writes it
-    to the transport before its first await, so that is when the bytes left. The time ``send``
-    returned would also count the event loop's delay in resuming this coroutine, which under load
-    made the server's TTFT exceed the client's.
+def _on_last_send(ctx: HttpCtx, message: dict, t: float) -> None:
+    """Called once ``send`` of the last body message (or another message ``traced_send`` does not
+    handle) returned, with the time the message was handed to it: uvicorn writes it to the transport
+    before its first await, so that is when the bytes left. The time ``send`` returned would also count
+    the event loop's delay in resuming this coroutine, which under load made the server's TTFT exceed
+    the client's.
 
     After the last body byte the exchange is complete: its traces go to the collector at once."""
-    mtype = message.get("type")
-    if mtype == "http.response.body":
-        if ctx.t_first_body is None and message.get("body"):
-            ctx.t_first_body = t
-        if not message.get("more_body", False):
-            ctx.t_last_body = t
-            ctx.gen_end = switch.generation
-            if ctx.traces and runtime.collector is not None:
-                # Hand the exchange over now: SGLang's streaming app returns ~2 s after its last byte,
-                # and the record should not wait for that (the ``finally`` below ships only the rest).
-                runtime.collector.finish_http(ctx)
-    elif mtype == "http.response.start":
-        ctx.status_code = message.get("status")
+    if message.get("type") != "http.response.body":
+        return
+    if ctx.t_first_body is None and message.get("body"):
+        ctx.t_first_body = t  # a response in one body message: its first bytes are its last
+    if not message.get("more_body", False):
+        ctx.t_last_body = t
+        ctx.gen_end = switch.generation
+        if ctx.traces and runtime.collector is not None:
+            # Hand the exchange over now: SGLang's streaming app returns ~2 s after its last byte,
+            # and the record should not wait for that (the ``finally`` below ships only the rest).
+            runtime.collector.finish_http(ctx)
 
 
 async def _respond(send: Any, status: int, payload: Any) -> None:
