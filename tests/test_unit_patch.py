@@ -225,6 +225,35 @@ def test_a_classmethod_hook_sees_the_class_and_called_through_the_class_a_method
     assert toy.Toy.__dict__["klass"] is applied[0].resolved.original
 
 
+def test_a_coroutine_targets_hooks_are_built_in_and_still_read_as_coroutine_functions(toy):
+    """No wrapt proxy on a coroutine target (a proxy cost twice the hook with cold caches): an interval
+    hook is an ``async def`` and the instance sees it as itself (``instance`` = the object, ``args``
+    without it); a ``before`` hook is a plain function that ``inspect`` (3.12+) or ``asyncio`` (3.11)
+    still calls a coroutine function, and the gate closed it goes straight to the target."""
+    seen: list = []
+    timed = apply("toy.coro", "mmtrace_toy.Toy.coro", interval("toy", lambda *a: seen.append(a[3:6])).make("async"))
+    obj = toy.Toy()
+    assert type(toy.Toy.__dict__["coro"]) is types.FunctionType and inspect.iscoroutinefunction(toy.Toy.coro)
+    assert asyncio.run(obj.coro(5)) == 10 and seen == [(obj, (5,), {})]
+    unpatch(timed)
+    gate: list[bool] = [True]
+    entered: list = []
+    applied = apply(
+        "toy.coro", "mmtrace_toy.Toy.coro", before("toy", lambda i, a, k: entered.append(i)).make("async"), gate
+    )
+    hook = toy.Toy.__dict__["coro"]
+    assert type(hook) is types.FunctionType and kind_of(hook) == "async"
+    if sys.version_info >= (3, 12):
+        assert inspect.iscoroutinefunction(hook)
+    else:
+        assert getattr(hook, "_is_coroutine", None) is asyncio.coroutines._is_coroutine
+    gate.clear()
+    assert asyncio.run(obj.coro(2)) == 4 and entered == []
+    gate.append(True)
+    assert asyncio.run(obj.coro(3)) == 6 and entered == [obj]
+    unpatch(applied)
+
+
 def test_async_kind_preserved(toy):
     seen: list = []
     applied = apply("toy.coro", "mmtrace_toy.Toy.coro", _recorder(seen).make("async"))
