@@ -23,6 +23,14 @@ And whether a mark's idle cost is its own or the one the next CUDA call would pa
 (``shared idle``): after 60 ms idle, 10 small kernel launches (a forward's first work) alone, and
 the same launches right after a record, alternating, ``--samples`` each; the difference of their
 medians is what a mark taken before a forward adds to it.
+
+And what a prefill's three marks add to it as a whole (``forward``): after 60 ms idle, on a stream of
+its own, a forward-like sequence (3 small launches of preparation, 40 of forward, 8 of sampling)
+without marks and with the scheduler's three (before the forward, between forward and sampling,
+after sampling), alternating, ``--samples`` each: the host time to issue it (the scheduler thread's
+cost) and the time until the stream has finished it (what a synchronizing reader waits). A
+difference well above three records' cost amid work (``launches``) would mean a mark also slows
+what follows it.
 """
 
 from __future__ import annotations
@@ -105,10 +113,28 @@ def main() -> None:
     ):
         out[f"{name} idle"] = timed(call, "idle", "current")
         print(f"{name} idle", out[f"{name} idle"], flush=True)
-    current = streams["current"]
+    current, own = streams["current"], streams["own"]
 
-    def burst() -> int:
-        for _ in range(10):
+    def alternated(variants: dict[str, Callable[[], int]], finish: bool = False) -> dict[str, float]:
+        """Each variant after 60 ms idle, ``--samples`` times, which runs first alternating; the median
+        µs to issue it (and with ``finish`` until the GPU has finished it) per variant."""
+        us: dict[str, list[float]] = {k: [] for k in variants}
+        done: dict[str, list[float]] = {k: [] for k in variants}
+        for i in range(args.samples):
+            for name in sorted(variants, reverse=bool(i % 2)):
+                before("idle", "current")
+                t0 = time.perf_counter()
+                assert variants[name]() == 0
+                us[name].append((time.perf_counter() - t0) * 1e6)
+                torch.cuda.synchronize()
+                done[name].append((time.perf_counter() - t0) * 1e6)
+        out = {f"{k} issue_us": round(statistics.median(v), 2) for k, v in us.items()}
+        if finish:
+            out |= {f"{k} done_us": round(statistics.median(v), 2) for k, v in done.items()}
+        return out
+
+    def burst(n: int = 10) -> int:
+        for _ in range(n):
             x.add_(1.0)
         return 0
 
@@ -116,19 +142,27 @@ def main() -> None:
         rc = rt.cudaEventRecord(events[next(slot) % 4096], current)
         return rc or burst()
 
-    variants: dict[str, list[float]] = {"launches alone": [], "record + launches": []}
-    for i in range(args.samples):
-        for name in sorted(variants, reverse=bool(i % 2)):  # alternate which runs first
-            before("idle", "current")
-            t0 = time.perf_counter()
-            assert (marked_burst if name == "record + launches" else burst)() == 0
-            variants[name].append((time.perf_counter() - t0) * 1e6)
-            torch.cuda.synchronize()
-    medians = {k: statistics.median(v) for k, v in variants.items()}
-    out["shared idle"] = {k: round(v, 2) for k, v in medians.items()} | {
-        "record adds_us": round(medians["record + launches"] - medians["launches alone"], 2)
+    shared = alternated({"launches alone": burst, "record + launches": marked_burst})
+    out["shared idle"] = shared | {
+        "record adds_us": round(shared["record + launches issue_us"] - shared["launches alone issue_us"], 2)
     }
     print("shared idle", out["shared idle"], flush=True)
+
+    def forward(marked: bool) -> int:
+        with torch.cuda.stream(side):
+            rc = burst(3)
+            for n in (40, 8, 0):
+                if marked:
+                    rc = rc or rt.cudaEventRecord(events[next(slot) % 4096], own)
+                rc = rc or burst(n)
+        return rc
+
+    fwd = alternated({"no marks": lambda: forward(False), "three marks": lambda: forward(True)}, finish=True)
+    out["forward"] = fwd | {
+        f"marks add {what}_us": round(fwd[f"three marks {what}_us"] - fwd[f"no marks {what}_us"], 2)
+        for what in ("issue", "done")
+    }
+    print("forward", out["forward"], flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(out, fh, indent=1)
