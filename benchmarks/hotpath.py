@@ -3,7 +3,7 @@
 No SGLang server is started. Each SGLang target the plugin hooks is replaced by a stand-in of the
 same shape (same method names, the arguments and results the hooks read), and the *real* hook
 wrappers are built with ``registry.HOOKS[hook_id].make(kind)`` and applied exactly as
-``patch.apply`` does (``patch.hooked``: a closure for a sync target, wrapt for a coroutine). The
+``patch.apply`` does (``patch.hooked``: the hook built into its target's replacement). The
 API request runs through the real ASGI ``MmtraceMiddleware``.
 
 Two arms per measurement, built from the same stand-ins: ``plain`` (no plugin) and ``traced``
