@@ -128,10 +128,10 @@ def main() -> None:
                 us[name].append((time.perf_counter() - t0) * 1e6)
                 torch.cuda.synchronize()
                 done[name].append((time.perf_counter() - t0) * 1e6)
-        out = {f"{k} issue_us": round(statistics.median(v), 2) for k, v in us.items()}
+        medians = {f"{k} issue_us": round(statistics.median(v), 2) for k, v in us.items()}
         if finish:
-            out |= {f"{k} done_us": round(statistics.median(v), 2) for k, v in done.items()}
-        return out
+            medians |= {f"{k} done_us": round(statistics.median(v), 2) for k, v in done.items()}
+        return medians
 
     def burst(n: int = 10) -> int:
         for _ in range(n):
