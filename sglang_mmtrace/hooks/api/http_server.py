@@ -105,18 +105,19 @@ def _on_last_send(ctx: HttpCtx, message: dict, t: float) -> None:
     the event loop's delay in resuming this coroutine, which under load made the server's TTFT exceed
     the client's.
 
-    After the last body byte the exchange is complete: its traces go to the collector at once."""
+    After the last body byte the exchange is complete: its traces go to the collector at once
+    (``traced_send`` sends every body message with ``more_body`` itself, so a body message here is
+    the last)."""
     if message.get("type") != "http.response.body":
         return
     if ctx.t_first_body is None and message.get("body"):
         ctx.t_first_body = t  # a response in one body message: its first bytes are its last
-    if not message.get("more_body", False):
-        ctx.t_last_body = t
-        ctx.gen_end = switch.generation
-        if ctx.traces and runtime.collector is not None:
-            # Hand the exchange over now: SGLang's streaming app returns ~2 s after its last byte,
-            # and the record should not wait for that (the ``finally`` below ships only the rest).
-            runtime.collector.finish_http(ctx)
+    ctx.t_last_body = t
+    ctx.gen_end = switch.generation
+    if ctx.traces and runtime.collector is not None:
+        # Hand the exchange over now: SGLang's streaming app returns ~2 s after its last byte,
+        # and the record should not wait for that (the ``finally`` below ships only the rest).
+        runtime.collector.finish_http(ctx)
 
 
 async def _respond(send: Any, status: int, payload: Any) -> None:
