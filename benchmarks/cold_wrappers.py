@@ -160,11 +160,11 @@ def measure(reps: int, cold: bool) -> dict[str, float]:
     samples: dict[str, list[int]] = {k: [] for k in objs}
     for _ in range(reps):
         for name, (attr, obj) in objs.items():
-            method = attr == "amethod"
+            coroutine = attr == "amethod"
             if cold:
                 evict_caches()
             t0 = time.perf_counter_ns()
-            if method:
+            if coroutine:
                 _run(obj.amethod(1, b=2))
             else:
                 obj.method(1, b=2)
