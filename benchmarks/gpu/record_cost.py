@@ -1,6 +1,7 @@
 """When a CUDA event record is expensive for the host thread, and whether the driver API is cheaper.
 
-    python3 benchmarks/gpu/record_cost.py [--samples 200] [--out FILE.json]
+    python3 benchmarks/gpu/record_cost.py [--samples 200] [--out FILE.json] [--forward-only]
+        [--plugin-before OLD_cuda_marks.py]
 
 Inside SGLang on the H200 a mark's ``cudaEventRecord`` costs 12-60 µs of CPU (2 µs in a loop), and
 the two around the HF processor cost 4-5x those around the pool copy, on the same thread and stream
@@ -30,7 +31,11 @@ without marks and with the scheduler's three (before the forward, between forwar
 after sampling), alternating, ``--samples`` each: the host time to issue it (the scheduler thread's
 cost) and the time until the stream has finished it (what a synchronizing reader waits). A
 difference well above three records' cost amid work (``launches``) would mean a mark also slows
-what follows it.
+what follows it. Its variants say where a mark's cost goes: the first mark alone, the last two alone,
+three records of events made without timing (``cudaEventDisableTiming``), three through the driver
+(``cuEventRecord``), and three through the plugin's own path (``hooks/cuda_marks.Marks.mark``: the
+current stream's lookup, the ring, the record), also of an older copy of that file
+(``--plugin-before``), to compare a change in one run. ``--forward-only`` runs just these.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,6 +56,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--out")
+    ap.add_argument("--forward-only", action="store_true", help="only the forward scenario and its variants")
+    ap.add_argument(
+        "--plugin-before", help="another copy of hooks/cuda_marks.py: its marks as one more forward variant"
+    )
     args = ap.parse_args()
     torch.cuda.init()
     x = torch.ones(256, device="cuda")
@@ -64,11 +75,16 @@ def main() -> None:
     drv.cuEventRecord.argtypes = [vp, vp]
     for fn in (rt.cudaEventCreateWithFlags, rt.cudaEventRecord, drv.cuEventRecord, rt.cudaGetLastError):
         fn.restype = ctypes.c_int
-    events = []
-    for _ in range(4096):
-        ev = vp()
-        assert rt.cudaEventCreateWithFlags(ctypes.byref(ev), 0) == 0
-        events.append(ev.value)
+
+    def created(flags: int) -> list[int]:
+        out = []
+        for _ in range(4096):
+            ev = vp()
+            assert rt.cudaEventCreateWithFlags(ctypes.byref(ev), flags) == 0
+            out.append(ev.value)
+        return out
+
+    events, untimed = created(0), created(2)  # 2: cudaEventDisableTiming
     side = torch.cuda.Stream()
     streams = {"current": torch._C._cuda_getCurrentRawStream(0), "own": side.cuda_stream}
     scrub = torch.zeros(64 << 20, dtype=torch.uint8)
@@ -101,15 +117,19 @@ def main() -> None:
         return {"median_us": round(statistics.median(us), 2), "p90_us": round(us[int(0.9 * len(us))], 2)}
 
     out: dict[str, dict[str, float]] = {}
-    for api, record in (("runtime", rt.cudaEventRecord), ("driver", drv.cuEventRecord)):
+    for api, record in () if args.forward_only else (("runtime", rt.cudaEventRecord), ("driver", drv.cuEventRecord)):
         for stream_name, stream in streams.items():
             for mode in ("loop", "idle", "scrub", "launches", "copy"):
                 key = f"{api} {stream_name} {mode}"
                 out[key] = timed(lambda r=record, s=stream: r(events[next(slot) % 4096], s), mode, stream_name)
                 print(key, out[key], flush=True)
     for name, call in (
-        ("stream lookup", lambda: torch._C._cuda_getCurrentRawStream(0) and 0),
-        ("cudaGetLastError", rt.cudaGetLastError),
+        ()
+        if args.forward_only
+        else (
+            ("stream lookup", lambda: torch._C._cuda_getCurrentRawStream(0) and 0),
+            ("cudaGetLastError", rt.cudaGetLastError),
+        )
     ):
         out[f"{name} idle"] = timed(call, "idle", "current")
         print(f"{name} idle", out[f"{name} idle"], flush=True)
@@ -142,30 +162,73 @@ def main() -> None:
         rc = rt.cudaEventRecord(events[next(slot) % 4096], current)
         return rc or burst()
 
-    shared = alternated({"launches alone": burst, "record + launches": marked_burst})
-    out["shared idle"] = shared | {
-        "record adds_us": round(shared["record + launches issue_us"] - shared["launches alone issue_us"], 2)
-    }
-    print("shared idle", out["shared idle"], flush=True)
+    if not args.forward_only:
+        shared = alternated({"launches alone": burst, "record + launches": marked_burst})
+        out["shared idle"] = shared | {
+            "record adds_us": round(shared["record + launches issue_us"] - shared["launches alone issue_us"], 2)
+        }
+        print("shared idle", out["shared idle"], flush=True)
 
-    def forward(marked: bool) -> int:
+    def forward(mark: Callable[[], int] | None, at: tuple[bool, bool, bool] = (True, True, True)) -> int:
         with torch.cuda.stream(side):
             rc = burst(3)
-            for n in (40, 8, 0):
-                if marked:
-                    rc = rc or rt.cudaEventRecord(events[next(slot) % 4096], own)
+            for n, marked in zip((40, 8, 0), at, strict=True):
+                if mark is not None and marked:
+                    rc = rc or mark()
                 rc = rc or burst(n)
         return rc
 
-    fwd = alternated({"no marks": lambda: forward(False), "three marks": lambda: forward(True)}, finish=True)
+    def runtime_mark(pool: list[int] = events) -> int:
+        return rt.cudaEventRecord(pool[next(slot) % 4096], own)
+
+    def plugin_forward(path: str) -> Callable[[], int]:
+        """A forward marked by the plugin's path (stream lookup, capture check, ring, record) of ``path``."""
+        marks = plugin_marks(path)
+        return lambda: forward(lambda: 0 if marks.mark() is not None else 1)
+
+    variants: dict[str, Callable[[], int]] = {
+        "no marks": lambda: forward(None),
+        "three marks": lambda: forward(runtime_mark),
+        "first mark only": lambda: forward(runtime_mark, (True, False, False)),
+        "last two marks": lambda: forward(runtime_mark, (False, True, True)),
+        "three untimed marks": lambda: forward(lambda: runtime_mark(untimed)),
+        "three driver marks": lambda: forward(lambda: drv.cuEventRecord(events[next(slot) % 4096], own)),
+        "three plugin marks": plugin_forward(PLUGIN_MARKS),
+    }
+    if args.plugin_before:
+        variants["three plugin marks (before)"] = plugin_forward(args.plugin_before)
+    fwd = alternated(variants, finish=True)
     out["forward"] = fwd | {
-        f"marks add {what}_us": round(fwd[f"three marks {what}_us"] - fwd[f"no marks {what}_us"], 2)
+        f"{name} add {what}_us": round(fwd[f"{name} {what}_us"] - fwd[f"no marks {what}_us"], 2)
+        for name in variants
+        if name != "no marks"
         for what in ("issue", "done")
     }
-    print("forward", out["forward"], flush=True)
+    for name in variants:
+        print(f"forward {name}", {k: v for k, v in out["forward"].items() if k.startswith(name)}, flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(out, fh, indent=1)
+
+
+PLUGIN_MARKS = str(Path(__file__).resolve().parents[2] / "sglang_mmtrace" / "hooks" / "cuda_marks.py")
+
+
+def plugin_marks(path: str) -> Any:
+    """The plugin's marks (``hooks/cuda_marks``, loaded from its file ``path``: it needs only the
+    standard library and torch, not the package's other dependencies) on the current device, taken
+    inside ``torch.cuda.stream(side)`` as the scheduler's are inside SGLang's forward stream. Each
+    file loaded is a module of its own, with its own ring."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"cuda_marks_{abs(hash(path))}", path)
+    assert spec is not None and spec.loader is not None
+    cuda_marks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cuda_marks)
+    marks = cuda_marks.device_marks()
+    assert marks is not None, "no CUDA runtime found for the plugin's marks"
+    marks.mark()  # creates the ring, as a scheduler's first (warm-up) mark does
+    return marks
 
 
 if __name__ == "__main__":
