@@ -118,13 +118,10 @@ class FakeCuda:
     def create(self, device: int) -> FakeEvent | None:
         return None if self.create_fails else FakeEvent(self, device)
 
-    def record_call(self, event: FakeEvent, stream: FakeStream) -> int:
+    def record(self, event: FakeEvent, stream: FakeStream) -> bool:
         event.stamp_ms, event.stream = self.gpu_ms, stream
         self.log.append(f"record {event.name}")
-        return 0
-
-    def record_failed(self, event: FakeEvent, stream: FakeStream) -> bool:
-        raise AssertionError("the fake's records never fail")
+        return True
 
     def elapsed_ms(self, start: FakeEvent, end: FakeEvent) -> float | str:
         self.reads += 1
@@ -751,17 +748,13 @@ def test_marks_without_an_event_or_under_capture_are_none(cuda: FakeCuda) -> Non
 
 
 class FakeCudart:
-    """A stand-in for ``libcudart`` (or with ``driver``, ``libcuda``: its ``cuEventRecord`` only) with
-    ctypes-style out-parameters: what ``Runtime`` sends it. ``calls`` may be shared by both."""
+    """A stand-in for ``libcudart`` with ctypes-style out-parameters: what ``Runtime`` sends it."""
 
-    def __init__(self, rc: dict[str, int], driver: bool = False, calls: list[str] | None = None) -> None:
+    def __init__(self, rc: dict[str, int]) -> None:
         self.rc = rc
-        self.calls: list[str] = [] if calls is None else calls
-        names = ("cuEventRecord",) if driver else (
-            "cudaEventCreateWithFlags", "cudaEventRecord", "cudaEventElapsedTime",
-            "cudaStreamIsCapturing", "cudaGetDevice", "cudaSetDevice", "cudaGetLastError",
-        )  # fmt: skip
-        for name in names:
+        self.calls: list[str] = []
+        for name in ("cudaEventCreateWithFlags", "cudaEventRecord", "cudaEventElapsedTime",
+                     "cudaStreamIsCapturing", "cudaGetDevice", "cudaSetDevice", "cudaGetLastError"):  # fmt: skip
             setattr(self, name, self._fn(name))
 
     def _fn(self, name: str) -> Any:
@@ -781,35 +774,13 @@ def test_runtime_reads_and_clears_cuda_errors_it_caused() -> None:
     """A failed call leaves no last error behind (SGLang's next launch check would raise on it)."""
     lib = FakeCudart({})
     rt = cuda_marks.Runtime(lib)
-    assert rt.create(0) == 77 and not rt.capturing(1) and rt.record_call(77, 1) == 0
+    assert rt.create(0) == 77 and not rt.capturing(1) and rt.record(77, 1)
     assert rt.elapsed_ms(77, 78) == 2.5 and "cudaGetLastError" not in lib.calls
     lib.rc = {"cudaEventElapsedTime": cuda_marks.NOT_READY, "cudaEventRecord": 400}
     assert rt.elapsed_ms(77, 78) == "pending" and lib.calls[-1] == "cudaGetLastError"
-    assert rt.record_call(77, 1) == 400 and rt.record_failed(77, 1) is False
-    assert lib.calls[-2:] == ["cudaEventRecord", "cudaGetLastError"]  # not made twice; its error cleared
+    assert rt.record(77, 1) is False and lib.calls[-1] == "cudaGetLastError"
     lib.rc = {"cudaEventElapsedTime": 1}
     assert rt.elapsed_ms(77, 78) == "unreadable"
-
-
-def test_a_mark_records_through_the_driver_and_a_failed_driver_record_goes_through_the_runtime(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    watch = cuda_marks.CaptureWatch()
-    watch.on = True  # torch's captures watched, none running: a mark does not ask CUDA
-    monkeypatch.setattr(cuda_marks, "watch", watch)
-    calls: list[str] = []
-    lib, driver = FakeCudart({}, calls=calls), FakeCudart({}, driver=True, calls=calls)
-    marks = cuda_marks.Marks(cuda_marks.Runtime(lib, driver), 0)
-    marks.rt.stream = lambda device: 5
-    assert marks.mark() == 0 and calls[-1] == "cuEventRecord" and "cudaEventRecord" not in calls
-    calls.clear()
-    driver.rc = {"cuEventRecord": 201}  # CUDA_ERROR_INVALID_CONTEXT: a thread with no current context
-    assert marks.mark() == 1 and calls == ["cuEventRecord", "cudaEventRecord"]
-    calls.clear()
-    lib.rc = {"cudaEventRecord": 400}
-    assert marks.mark() is None and calls == ["cuEventRecord", "cudaEventRecord", "cudaGetLastError"]
-    # a driver without cuEventRecord (the CPU harness's stub libcuda): the runtime records
-    assert cuda_marks.Runtime(lib, object()).record_call is lib.cudaEventRecord
 
 
 def test_runtime_creates_an_event_on_the_asked_device_and_restores_the_current_one() -> None:

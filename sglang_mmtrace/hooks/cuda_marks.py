@@ -10,8 +10,7 @@ through ``ctypes.PyDLL``, which keeps the GIL, 1.7 µs and 15 µs
 cost on the H200 (issue 11).
 
 So the hooks call the process's own CUDA runtime (the ``libcudart`` that torch loaded, found in
-``/proc/self/maps``) through ``ctypes.PyDLL``, on the stream torch says is current, and record
-through its driver (``libcuda``, found the same way), whose record costs the forward less. Events sit in a
+``/proc/self/maps``) through ``ctypes.PyDLL``, on the stream torch says is current. Events sit in a
 ring of ``RING`` slots per device, reused round robin and never freed: a mark is a sequence number,
 and a mark whose slot a later lap has recorded again reads as ``"unreadable"``. No per-request state
 holds an event, and nothing leaks. A failed call clears CUDA's last-error state (as torch does after
@@ -50,15 +49,9 @@ NOT_READY = 600  # cudaErrorNotReady
 
 
 class Runtime:
-    """The few CUDA runtime calls the marks need, made with the GIL held.
+    """The few CUDA runtime calls the marks need, made with the GIL held."""
 
-    A mark's record goes through the driver (``cuEventRecord``, from the ``libcuda`` the runtime
-    loaded) when there is one: runtime events and streams are driver handles, and inside a forward
-    the driver's call cost 14 µs less per three marks than the runtime's on the H200
-    (``benchmarks/results/record-cost-h200-20261203-2/``). A driver call that fails (a thread with
-    no current context) is made again through the runtime, which sets the context up."""
-
-    def __init__(self, lib: Any, driver: Any = None) -> None:
+    def __init__(self, lib: Any) -> None:
         c_int, vp = ctypes.c_int, ctypes.c_void_p
         for name, argtypes in (
             ("cudaEventCreateWithFlags", [ctypes.POINTER(vp), ctypes.c_uint]),
@@ -72,14 +65,7 @@ class Runtime:
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, c_int
         self.lib = lib
-        self.record_call: Callable[[int, int], int] = lib.cudaEventRecord
-        """A mark's one CUDA call, ``(event, stream) -> status``: the driver's when it has one."""
-        try:
-            fn = driver.cuEventRecord  # AttributeError: no driver, or one without it (the CPU harness's stub)
-            fn.argtypes, fn.restype = [vp, vp], c_int
-            self.record_call = fn
-        except AttributeError:
-            pass
+        self._record = lib.cudaEventRecord  # a mark's one CUDA call: looked up once, not per mark
         import torch  # loaded: its libcudart is this one
 
         self.stream: Callable[[int], int] = torch._C._cuda_getCurrentRawStream
@@ -122,15 +108,9 @@ class Runtime:
             if prev.value != device:
                 self._ok(lib.cudaSetDevice(prev.value))
 
-    def record_failed(self, event: int, stream: int) -> bool:
-        """After ``record_call`` failed: whether the record went through after all. A failed driver
-        call (which leaves no error state behind) is made again through the runtime; a failed runtime
-        call has its error cleared."""
-        lib = self.lib
-        if self.record_call is lib.cudaEventRecord:
-            lib.cudaGetLastError()
-            return False
-        return self._ok(lib.cudaEventRecord(event, stream))
+    def record(self, event: int, stream: int) -> bool:
+        rc = self._record(event, stream)
+        return rc == 0 or self._ok(rc)
 
     def elapsed_ms(self, start: int, end: int) -> float | str:
         ms = ctypes.c_float()
@@ -149,7 +129,6 @@ class Marks:
         self.events: list[int | None] = [None] * RING
         self.seq_of = [-1] * RING
         self._seq = itertools.count()
-        self._record = rt.record_call  # called from ``mark`` with no frame of ours between
 
     def mark(self) -> int | None:
         """Record an event on the device's current stream now; None under graph capture or on failure."""
@@ -162,7 +141,7 @@ class Marks:
         ev = self.events[slot]
         if ev is None and (ev := self._create(slot)) is None:
             return None
-        if self._record(ev, stream) and not rt.record_failed(ev, stream):
+        if not rt.record(ev, stream):
             return None
         self.seq_of[slot] = seq
         return seq
@@ -262,15 +241,9 @@ def runtime() -> Runtime | None:
     if not _loaded:
         _loaded = True
         try:
-            paths = {}
             with open("/proc/self/maps") as maps:
-                for line in maps:
-                    for lib in ("/libcudart.so", "/libcuda.so"):
-                        if lib in line:
-                            paths.setdefault(lib, line.split()[-1])
-            path = paths.get("/libcudart.so")
-            driver = paths.get("/libcuda.so")
-            _runtime = Runtime(ctypes.PyDLL(path), ctypes.PyDLL(driver) if driver else None) if path else None
+                path = next((line.split()[-1] for line in maps if "/libcudart.so" in line), None)
+            _runtime = Runtime(ctypes.PyDLL(path)) if path else None
         except Exception as exc:
             logger.info("sglang-mmtrace: no CUDA runtime for GPU marks (%s): GPU stages are host-timed", exc)
             _runtime = None
