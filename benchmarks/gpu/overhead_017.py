@@ -31,7 +31,9 @@ as soon as it ends, so a timeout loses only the running phase:
 
 The ``otlp`` part exports to the repository's OTLP receiver (``tests/peers/otlp_receiver.py``,
 HTTP/protobuf), run in its own process so that decoding spans does not take the GIL from the
-client's timing threads; its span count goes into ``otlp_receiver.json``. ``nvtx`` does work only
+client's timing threads; its span count goes into ``otlp_receiver.json``. The run stops at once when the
+OTLP exporter cannot load (before 2026-12-03 the device bundle lacked two of its wheels, and the
+collector ran with OTLP export disabled: those runs measured every part but the export). ``nvtx`` does work only
 under an NVTX tool (not attached here), so its level measures the plugin's "no tool" check.
 """
 
@@ -56,6 +58,7 @@ from sglang_mmtrace.bench import driver
 from sglang_mmtrace.bench.experiments import Options
 from sglang_mmtrace.bench.targets import LaunchConfig, launched
 from sglang_mmtrace.harness.random_model import ensure_model
+from sglang_mmtrace.sinks.otlp import make_exporter
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD_WAIT_S = 0.15  # a record is built ~50-100 ms after the response (other processes' events)
@@ -194,6 +197,13 @@ def main() -> int:
     model = ensure_model(Path(args.model), args.shape)
     receiver, endpoint = start_receiver(out)
     info["otlp_endpoint"] = endpoint
+    if endpoint:
+        try:  # the collector builds its exporter the same way; without it the 'otlp' part would do nothing
+            make_exporter(endpoint, "http/protobuf").shutdown()
+        except Exception as exc:
+            log(f"the OTLP exporter cannot load here ({exc!r}): the plugin would measure without OTLP export")
+            stop_receiver(receiver)
+            return 2
     env = (
         {"SGLANG_MMTRACE_OTLP_ENDPOINT": endpoint, "SGLANG_MMTRACE_OTLP_PROTOCOL": "http/protobuf"} if endpoint else {}
     )

@@ -22,8 +22,9 @@ stream's lookup (``torch._C._cuda_getCurrentRawStream``) and a no-op runtime cal
 
 And whether a mark's idle cost is its own or the one the next CUDA call would pay anyway
 (``shared idle``): after 60 ms idle, 10 small kernel launches (a forward's first work) alone, and
-the same launches right after a record, alternating, ``--samples`` each; the difference of their
-medians is what a mark taken before a forward adds to it.
+the same launches right after a record, alternating, ``--samples`` each; the median of their paired
+differences (one per round, with a bootstrap 95% interval) is what a mark taken before a forward
+adds to it. The forward's variants below are reported the same way, each against no marks.
 
 And what a prefill's three marks add to it as a whole (``forward``): after 60 ms idle, on a stream of
 its own, a forward-like sequence (3 small launches of preparation, 40 of forward, 8 of sampling)
@@ -135,9 +136,13 @@ def main() -> None:
         print(f"{name} idle", out[f"{name} idle"], flush=True)
     current, own = streams["current"], streams["own"]
 
-    def alternated(variants: dict[str, Callable[[], int]], finish: bool = False) -> dict[str, float]:
+    def alternated(
+        variants: dict[str, Callable[[], int]], finish: bool = False, baseline: str | None = None
+    ) -> dict[str, Any]:
         """Each variant after 60 ms idle, ``--samples`` times, which runs first alternating; the median
-        µs to issue it (and with ``finish`` until the GPU has finished it) per variant."""
+        µs to issue it (and with ``finish`` until the GPU has finished it) per variant; with
+        ``baseline``, each other variant's paired difference to it (same round), median and bootstrap
+        95% interval: ``<variant> add <issue|done>_us``, ``..._ci95``."""
         us: dict[str, list[float]] = {k: [] for k in variants}
         done: dict[str, list[float]] = {k: [] for k in variants}
         for i in range(args.samples):
@@ -148,10 +153,16 @@ def main() -> None:
                 us[name].append((time.perf_counter() - t0) * 1e6)
                 torch.cuda.synchronize()
                 done[name].append((time.perf_counter() - t0) * 1e6)
-        medians = {f"{k} issue_us": round(statistics.median(v), 2) for k, v in us.items()}
-        if finish:
-            medians |= {f"{k} done_us": round(statistics.median(v), 2) for k, v in done.items()}
-        return medians
+        series = {"issue": us} | ({"done": done} if finish else {})
+        out: dict[str, Any] = {}
+        for what, by in series.items():
+            out |= {f"{k} {what}_us": round(statistics.median(v), 2) for k, v in by.items()}
+            for k in by if baseline is not None else ():
+                if k != baseline:
+                    d = [a - b for a, b in zip(by[k], by[baseline], strict=True)]
+                    out[f"{k} add {what}_us"] = round(statistics.median(d), 2)
+                    out[f"{k} add {what}_ci95"] = [round(x, 2) for x in stats.bootstrap_median_ci(d)]
+        return out
 
     def burst(n: int = 10) -> int:
         for _ in range(n):
@@ -163,10 +174,9 @@ def main() -> None:
         return rc or burst()
 
     if not args.forward_only:
-        shared = alternated({"launches alone": burst, "record + launches": marked_burst})
-        out["shared idle"] = shared | {
-            "record adds_us": round(shared["record + launches issue_us"] - shared["launches alone issue_us"], 2)
-        }
+        out["shared idle"] = alternated(
+            {"launches alone": burst, "record + launches": marked_burst}, baseline="launches alone"
+        )
         print("shared idle", out["shared idle"], flush=True)
 
     def forward(mark: Callable[[], int] | None, at: tuple[bool, bool, bool] = (True, True, True)) -> int:
@@ -197,13 +207,7 @@ def main() -> None:
     }
     if args.plugin_before:
         variants["three plugin marks (before)"] = plugin_forward(args.plugin_before)
-    fwd = alternated(variants, finish=True)
-    out["forward"] = fwd | {
-        f"{name} add {what}_us": round(fwd[f"{name} {what}_us"] - fwd[f"no marks {what}_us"], 2)
-        for name in variants
-        if name != "no marks"
-        for what in ("issue", "done")
-    }
+    out["forward"] = alternated(variants, finish=True, baseline="no marks")
     for name in variants:
         print(f"forward {name}", {k: v for k, v in out["forward"].items() if k.startswith(name)}, flush=True)
     if args.out:
@@ -211,21 +215,31 @@ def main() -> None:
             json.dump(out, fh, indent=1)
 
 
-PLUGIN_MARKS = str(Path(__file__).resolve().parents[2] / "sglang_mmtrace" / "hooks" / "cuda_marks.py")
+PACKAGE = Path(__file__).resolve().parents[2] / "sglang_mmtrace"
+PLUGIN_MARKS = str(PACKAGE / "hooks" / "cuda_marks.py")
+
+
+def load(path: str) -> Any:
+    """A module of the package loaded from its file alone, as a module of its own: ``hooks/cuda_marks``
+    needs only the standard library and torch, ``bench/stats`` numpy; the device's first install call
+    has neither the package nor its other dependencies."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"loaded_{abs(hash(path))}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+stats = load(str(PACKAGE / "bench" / "stats.py"))
 
 
 def plugin_marks(path: str) -> Any:
-    """The plugin's marks (``hooks/cuda_marks``, loaded from its file ``path``: it needs only the
-    standard library and torch, not the package's other dependencies) on the current device, taken
-    inside ``torch.cuda.stream(side)`` as the scheduler's are inside SGLang's forward stream. Each
-    file loaded is a module of its own, with its own ring."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"cuda_marks_{abs(hash(path))}", path)
-    assert spec is not None and spec.loader is not None
-    cuda_marks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cuda_marks)
-    marks = cuda_marks.device_marks()
+    """The plugin's marks (``hooks/cuda_marks`` loaded from ``path``: each file its own module, with its
+    own ring) on the current device, taken inside ``torch.cuda.stream(side)`` as the scheduler's are
+    inside SGLang's forward stream."""
+    marks = load(path).device_marks()
     assert marks is not None, "no CUDA runtime found for the plugin's marks"
     marks.mark()  # creates the ring, as a scheduler's first (warm-up) mark does
     return marks
