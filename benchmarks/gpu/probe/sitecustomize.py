@@ -3,10 +3,13 @@ plugin costs each SGLang process, measured inside it.
 
 In every Python process that has ``MMTRACE_PROBE_DIR`` set, it:
 
-- wraps each hook wrapper the plugin applies (``sglang_mmtrace.plugin.apply``) with a timer of the
-  wrapper's *own* time: its whole duration minus the wrapped SGLang call's (for coroutine hooks, the
-  same around the await). Per hook id: calls, own seconds, and the wrapped SGLang call's seconds
-  (in both arms: SGLang's own code taking longer with the plugin on is a cost no hook timer sees);
+- wraps each hook the plugin applies (``sglang_mmtrace.plugin.apply``) with a timer of the hook's
+  *own* time: its whole duration minus the wrapped SGLang call's (for coroutine hooks, the same
+  around the await). A hook built into its target's replacement (``patch.Direct``, every sync and
+  coroutine hook since 2026-12-03) stays built in: the probe builds it around a timed target and
+  times the result, so its figures are the real path's plus the probe's two timers. Per hook id:
+  calls, own seconds, and the wrapped SGLang call's seconds (in both arms: SGLang's own code taking
+  longer with the plugin on is a cost no hook timer sees);
 - times the CUDA-mark helpers (``hooks/cuda_marks.py``: each runtime call, ``mark``, ``elapsed_s``,
   ``device_marks``) per thread kind (``@main``: the process's main thread, ``@worker``: any other),
   wall and thread CPU time (in the slot of the wrapped call's time), and the calls over 20 µs;
@@ -53,7 +56,70 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
 
         gc.callbacks.append(_on_gc)
 
+        import contextvars
+
+        _inner = contextvars.ContextVar("mmtrace_probe_inner")  # this call's [wrapped SGLang call's seconds]
+
+        def _timed_direct(hook_id: str, kind: str, direct):
+            """A ``Direct`` hook timed as it runs (built into its target's replacement): the target it is
+            built around is timed as the wrapped call, per call in a context variable (a coroutine hook's
+            task, a sync hook's thread)."""
+            slot = _own.setdefault(hook_id, [0, 0.0, 0.0])
+
+            def build(func, on, bound):
+                if kind == "async":
+
+                    async def inner_async(*a, **k):
+                        t = _now()
+                        try:
+                            return await func(*a, **k)
+                        finally:
+                            _inner.get()[0] += _now() - t
+
+                    hook = direct.build(inner_async, on, bound)
+
+                    async def probed_async(*a, **k):
+                        cell = [0.0]
+                        token = _inner.set(cell)
+                        t0 = _now()
+                        try:
+                            return await hook(*a, **k)
+                        finally:
+                            slot[0] += 1
+                            slot[1] += _now() - t0 - cell[0]
+                            slot[2] += cell[0]
+                            _inner.reset(token)
+
+                    return probed_async
+
+                def inner(*a, **k):
+                    t = _now()
+                    try:
+                        return func(*a, **k)
+                    finally:
+                        _inner.get()[0] += _now() - t
+
+                hook = direct.build(inner, on, bound)
+
+                def probed(*a, **k):
+                    cell = [0.0]
+                    token = _inner.set(cell)
+                    t0 = _now()
+                    try:
+                        return hook(*a, **k)
+                    finally:
+                        slot[0] += 1
+                        slot[1] += _now() - t0 - cell[0]
+                        slot[2] += cell[0]
+                        _inner.reset(token)
+
+                return probed
+
+            return _patch.Direct(build)
+
         def _timed(hook_id: str, kind: str, wrapper):
+            if isinstance(wrapper, _patch.Direct) and kind in ("sync", "async"):
+                return _timed_direct(hook_id, kind, wrapper)
             slot = _own.setdefault(hook_id, [0, 0.0, 0.0])
             if kind == "async":
 
