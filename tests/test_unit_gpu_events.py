@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import itertools
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -90,10 +89,22 @@ class FakeCuda:
         self.device_asked = 0
         self.capture_asked = 0
         self.syncs: list[str] = []
+        self.host: HostClock | None = None
+        """Set to ``clock`` for a GPU on the host's timeline (``_catch_up``)."""
+        self.clock: HostClock | None = None
+        """The fake ``perf_counter`` the hooks read (set by the fixture)."""
 
     def gpu_work(self, ms: float) -> None:
         """Kernels launched by a wrapped function: the GPU clock moves, the host does not wait."""
+        self._catch_up()
         self.gpu_ms += ms
+
+    def _catch_up(self) -> None:
+        """With ``host`` set (a ``HostClock``), an idle GPU waits for the host: work launched, or an event
+        recorded, after the GPU ran out of work starts at the host's time. Without it the two clocks are
+        unrelated and only GPU durations mean something."""
+        if self.host is not None:
+            self.gpu_ms = max(self.gpu_ms, self.host.peek() * 1000.0)
 
     def sync(self, what: str) -> None:
         self.syncs.append(what)
@@ -119,6 +130,7 @@ class FakeCuda:
         return None if self.create_fails else FakeEvent(self, device)
 
     def record(self, event: FakeEvent, stream: FakeStream) -> bool:
+        self._catch_up()
         event.stamp_ms, event.stream = self.gpu_ms, stream
         self.log.append(f"record {event.name}")
         return True
@@ -130,6 +142,22 @@ class FakeCuda:
         if not self.completed:
             return "pending"
         return end.stamp_ms - start.stamp_ms
+
+
+class HostClock:
+    """The fake ``perf_counter``: each call returns the host time and advances it by ``HOST_STEP_S``."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        t = self.t
+        self.t += HOST_STEP_S
+        return t
+
+    def peek(self) -> float:
+        """Now, between calls: the time the next call returns."""
+        return self.t
 
 
 @pytest.fixture
@@ -146,6 +174,7 @@ def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     monkeypatch.setattr(cuda_marks, "_ready", False)
     monkeypatch.setattr(cuda_marks, "_rings", {})  # each test's fake CUDA starts with no ring
     monkeypatch.setattr(cuda_marks, "_default", None)
+    monkeypatch.setattr(ss, "shared", None)  # no reference mark from another test's forward
     monkeypatch.setattr(cuda_marks, "CREATE_AHEAD", 1)  # one event per first-lap mark: the tests name them
     monkeypatch.setattr(cuda_marks, "watch", cuda_marks.CaptureWatch())  # not started: every mark asks
     tc = torch.cuda
@@ -156,12 +185,12 @@ def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     monkeypatch.delenv("SGLANG_MMTRACE_TEST_RAISE", raising=False)
     config.reset()
     # a fake perf_counter: 10 ms a call (base.interval, the scheduler state; the pre-cdbd963 wrapper too)
-    ticks = itertools.count()
-    host = lambda: 100.0 + next(ticks) * HOST_STEP_S  # noqa: E731
+    host = HostClock()
     monkeypatch.setattr(base, "now", host)
     monkeypatch.setattr(ss, "now", host)
     monkeypatch.setattr(mpl, "now", host, raising=False)
     monkeypatch.setattr(nvtx, "domain", None)
+    fake.clock = host
     errors_before = dict(telemetry.errors)
     yield fake
     config.reset()
@@ -539,23 +568,24 @@ def test_clock_records_on_the_current_stream_and_maps_to_host_time(cuda: FakeCud
     their GPU offset from it, each read once."""
     cuda.gpu_ms = 1000.0
     cuda.device = 2
-    clock = ss.Clock()
+    clock = ss.Clock(0.0)
     assert clock.marks is not None and clock.name == "cuda" and cuda.events == []  # no mark until one is asked
     first = clock.mark()
     assert isinstance(first, int) and cuda.events[-1].stream is cuda.streams[2]  # the current device's stream
-    assert clock.ref == first and len(cuda.events) == 1
+    assert clock.ref.seq == first and len(cuda.events) == 1
     cuda.gpu_work(7.5)
     mark = clock.mark()
     assert cuda.reads == 0  # marking reads nothing
     cuda.completed = True
-    assert clock.host(first) == clock.t_ref and cuda.reads == 0  # the reference needs no read
-    assert clock.host(mark) == pytest.approx(clock.t_ref + 0.0075)
-    assert clock.host(mark) == pytest.approx(clock.t_ref + 0.0075) and cuda.reads == 1  # read once
+    t_ref = clock.ref.t
+    assert clock.host(first) == t_ref and cuda.reads == 0  # the reference needs no read
+    assert clock.host(mark) == pytest.approx(t_ref + 0.0075)
+    assert clock.host(mark) == pytest.approx(t_ref + 0.0075) and cuda.reads == 1  # read once
     assert clock.host(123.0) == 123.0  # host marks pass as they are
 
 
 def test_clock_mark_on_shares_the_last_mark_until_the_forward_returns(cuda: FakeCuda) -> None:
-    clock = ss.Clock()
+    clock = ss.Clock(0.0)
     a = clock.mark()
     b = clock.mark()
     n = len(cuda.log)
@@ -568,7 +598,7 @@ def test_clock_mark_on_shares_the_last_mark_until_the_forward_returns(cuda: Fake
 
 
 def test_clock_under_graph_capture_marks_host_time(cuda: FakeCuda) -> None:
-    clock = ss.Clock()
+    clock = ss.Clock(0.0)
     cuda.capturing_now = True
     n = len(cuda.events)
     mark = clock.mark()
@@ -581,9 +611,124 @@ def test_clock_without_cuda_is_host(why: str, cuda: FakeCuda, monkeypatch: pytes
         gpu_timing_off(monkeypatch)
     cuda.initialized = why != "not_initialized"
     cuda.available = why != "not_available"
-    clock = ss.Clock()
+    clock = ss.Clock(0.0)
     assert clock.marks is None and clock.name == "host"
     assert isinstance(clock.mark(), float) and cuda.events == []
+
+
+def test_a_forward_adopts_a_recent_reference_and_starts_on_host_time(cuda: FakeCuda) -> None:
+    """Within ``REF_TTL_S`` of a reference, a forward's start is the host time at its launch (no mark),
+    and its marks are placed by their GPU offset from the earlier forward's reference."""
+    cuda.host = cuda.clock  # a GPU on the host's timeline: it idles until work is launched
+    first = ss.Clock(cuda.clock.peek())
+    a = first.start()
+    assert isinstance(a, int) and first.ref is ss.shared and ss.shared.seq == a  # its first mark: the reference
+    assert ss.shared.t == cuda.events[-1].stamp_ms / 1000  # read right after the mark, on an idle GPU
+    cuda.gpu_work(3.0)
+    first.mark()
+    n = len(cuda.events)
+
+    cuda.clock.t += 0.2  # the scheduler idles
+    second = ss.Clock(cuda.clock.peek())
+    assert second.ref is ss.shared and second.name == "cuda"
+    start = second.start()
+    assert isinstance(start, float) and len(cuda.events) == n and second.t_start == start  # no CUDA call
+    cuda.gpu_work(3.0)
+    end = second.mark()
+    assert second.first == end and ss.shared.seq == a  # the reference stays the first forward's
+    cuda.completed = True
+    assert second.host(start) == start
+    # the GPU ran the forward from its launch (the fake host clock steps 10 ms past the launch's read)
+    assert second.host(end) == pytest.approx(start + HOST_STEP_S + 0.003)
+    assert ss.shared.t == cuda.events[0].stamp_ms / 1000  # nothing to correct
+
+
+def test_an_adopted_reference_found_early_moves_later(cuda: FakeCuda) -> None:
+    """A reference recorded behind queued GPU work places a later forward's first mark before that
+    forward was launched: the reference moves later by the difference (the least it can be late by),
+    for this forward and the next."""
+    cuda.host = cuda.clock
+    cuda.gpu_work(40.0)  # queued work: the reference is recorded while the GPU is 40 ms behind the host
+    first = ss.Clock(cuda.clock.peek())
+    first.start()
+    t_ref = ss.shared.t
+    assert cuda.events[0].stamp_ms / 1000 == pytest.approx(t_ref + 0.040)
+    cuda.clock.t += 0.2
+    second = ss.Clock(cuda.clock.peek())
+    start = second.start()
+    cuda.gpu_work(3.0)  # from the host's next step: ends 13 ms after the launch
+    end = second.mark()
+    cuda.completed = True
+    assert second.host(end) == start  # the reference would place it 27 ms before the launch
+    assert ss.shared.t == pytest.approx(t_ref + 0.027) and ss.shared.taken == t_ref
+
+    third = ss.Clock(cuda.clock.peek())
+    start = third.start()
+    cuda.gpu_work(3.0)
+    end = third.mark()
+    assert third.host(end) == pytest.approx(start)  # 13 ms early still: no later launch shows more
+    assert ss.shared.t == pytest.approx(t_ref + 0.027)
+
+
+@pytest.mark.parametrize("why", ["expired", "lapped", "other_device", "gpu_timing_off"])
+def test_a_forward_takes_its_own_reference(why: str, cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An old reference (drift), one about to be lapped in the ring, another device's, or none to be
+    had (no GPU timing): the forward's first mark is its own reference, or it is host-timed."""
+    monkeypatch.setattr(cuda_marks, "RING", 8)
+    first = ss.Clock(100.0)
+    first.start()
+    t_launch = first.ref.t + 0.01
+    if why == "expired":
+        t_launch = first.ref.taken + ss.REF_TTL_S
+    elif why == "lapped":
+        for _ in range(3):
+            first.mark()  # the reference is 4 marks old: half the ring
+    elif why == "other_device":
+        monkeypatch.setattr(cuda_marks, "_default", cuda_marks.device_marks(1))
+    else:
+        gpu_timing_off(monkeypatch)
+    before = ss.shared
+    second = ss.Clock(t_launch)
+    assert second.ref is None
+    n = len(cuda.log)
+    start = second.start()
+    if why == "gpu_timing_off":
+        assert isinstance(start, float) and len(cuda.log) == n and ss.shared is before
+    else:
+        assert isinstance(start, int) and len(cuda.log) == n + 1
+        assert ss.shared is second.ref and ss.shared is not before and second.ref.seq == start
+
+
+def test_an_adopted_forward_under_graph_capture_is_host_timed(cuda: FakeCuda) -> None:
+    first = ss.Clock(100.0)
+    first.start()
+    second = ss.Clock(first.ref.t + 0.01)
+    assert isinstance(second.start(), float)
+    cuda.capturing_now = True
+    assert isinstance(second.mark(), float)
+    assert second.name == "host" and second.ref is None
+    assert ss.shared is first.ref  # still there for the next forward
+
+
+@pytest.mark.parametrize("delayed", [False, True])
+def test_a_text_forward_after_another_records_two_events(
+    delayed: bool, cuda: FakeCuda, log: list[str], outbox: Outbox
+) -> None:
+    """The second of two text forwards in a row adopts the first one's reference: its end and its
+    sampling's end (and a delayed sampling's start) are its only CUDA events; its prefill starts at its
+    host launch and ends at its end mark's time on the GPU."""
+    cuda.host = cuda.clock
+    run_text_forward(cuda, log, outbox, delayed=False, rid="A")
+    log.clear()
+    cuda.completed = False
+    n = len(cuda.events)
+    prefill, sampled = run_text_forward(cuda, log, outbox, delayed=delayed, rid="B")
+    assert records(log) == (3 if delayed else 2)
+    ends = cuda.events[n:] if len(cuda.events) > n else cuda.events  # CREATE_AHEAD=1: new events, no lap
+    assert prefill[4] == sampled[4] == "cuda"
+    assert prefill[2] < prefill[3] == pytest.approx(ends[0].stamp_ms / 1000)
+    assert sampled[3] == pytest.approx(ends[-1].stamp_ms / 1000)
+    assert sampled[2] == pytest.approx(ends[1].stamp_ms / 1000 if delayed else prefill[3])
 
 
 def test_no_device_is_asked_once_and_not_yet_initialized_is_asked_again(cuda: FakeCuda) -> None:
@@ -944,18 +1089,18 @@ def test_a_new_image_forward_records_one_event_per_stage_boundary(
     assert records(log) == 7 and len(cuda.events) == 7
 
 
-@pytest.mark.parametrize("delayed", [False, True])
-def test_a_forward_without_images_to_embed_records_three_events(
-    delayed: bool, cuda: FakeCuda, log: list[str], outbox: Outbox
-) -> None:
-    """A request whose image is all in the radix prefix (or a text request): the embedding call names
-    no request, so it is not marked; sampling starts on the forward's end mark unless SGLang delays it
-    past ``run_batch`` (overlap with a grammar), when it takes its own."""
-    reqs = [Req("A")]
+def run_text_forward(
+    cuda: FakeCuda, log: list[str], outbox: Outbox, delayed: bool, rid: str = "A"
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """One prefill of a request whose image is all in the radix prefix (to the model, a text request):
+    the embedding call names no request, so it is not marked. ``delayed``: SGLang samples after
+    ``run_batch`` returned (overlap with a grammar). GPU work: LM 3.1 ms, sampling 0.5 ms. Returns its
+    ``model.prefill`` and ``model.sample`` events."""
+    reqs = [Req(rid)]
     batch = SimpleNamespace(reqs=reqs, forward_mode=extend_mode())
     forward_batch = SimpleNamespace(
         forward_mode=extend_mode(),
-        rids=["A"],
+        rids=[rid],
         mm_inputs=[SimpleNamespace(mm_items=[SimpleNamespace(hash=11, offsets=[(2, 9)])])],
         extend_prefix_lens_cpu=[12],  # the image's tokens (2-9) are in the prefix
         extend_seq_lens_cpu=[3],
@@ -982,11 +1127,23 @@ def test_a_forward_without_images_to_embed_records_three_events(
     if delayed:
         hooked["model_runner.sample"](sample, None, ("logits", forward_batch), {})
     assert len(embed.calls) == 1 and len(sample.calls) == 1
-    assert records(log) == (4 if delayed else 3)
     cuda.completed = True
     process_result(batch, reqs)
-    assert [e for e in outbox.sent if e[1] == "model.embed"] == []
-    prefill, sampled = outbox.one("model.prefill"), outbox.one("model.sample")
+    mine = [e for e in outbox.sent if rid in (e[0] if isinstance(e[0], tuple) else (e[0],))]
+    assert [e for e in mine if e[1] == "model.embed"] == []
+    (prefill,) = [e for e in mine if e[1] == "model.prefill"]
+    (sampled,) = [e for e in mine if e[1] == "model.sample"]
+    return prefill, sampled
+
+
+@pytest.mark.parametrize("delayed", [False, True])
+def test_a_forward_without_images_to_embed_records_three_events(
+    delayed: bool, cuda: FakeCuda, log: list[str], outbox: Outbox
+) -> None:
+    """The first forward (no reference to adopt): its start, its end, sampling's end. Sampling starts
+    on the forward's end mark unless SGLang delays it past ``run_batch``, when it takes its own."""
+    prefill, sampled = run_text_forward(cuda, log, outbox, delayed)
+    assert records(log) == (4 if delayed else 3)
     assert prefill[4] == sampled[4] == "cuda"
     assert prefill[3] - prefill[2] == pytest.approx(0.0031)
     assert sampled[3] - sampled[2] == pytest.approx(0.0005)

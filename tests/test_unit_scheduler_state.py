@@ -49,7 +49,7 @@ def box(monkeypatch: pytest.MonkeyPatch) -> Iterator[Box]:
     b = Box()
     monkeypatch.setattr(runtime, "outbox", b)
     monkeypatch.setattr(ss, "current", None)
-    ss.Clock()  # the first one imports torch, whose import leaves cycles that hold the importing frames
+    ss.Clock(0.0)  # the first one imports torch, whose import leaves cycles that hold the importing frames
     gc.collect()
     gc.disable()
     try:

@@ -31,7 +31,6 @@ callers take as few marks as their stages need (``scheduler/state.Clock``).
 from __future__ import annotations
 
 import ctypes
-import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -128,7 +127,8 @@ class Marks:
         self.device = device
         self.events: list[int | None] = [None] * RING
         self.seq_of = [-1] * RING
-        self._seq = itertools.count()
+        self.taken = 0
+        """Marks taken so far: the next mark's sequence number (how far a held mark is from being lapped)."""
 
     def mark(self) -> int | None:
         """Record an event on the device's current stream now; None under graph capture or on failure."""
@@ -136,7 +136,8 @@ class Marks:
         stream = rt.stream(self.device)
         if (watch.capturing or not watch.on) and rt.capturing(stream):
             return None
-        seq = next(self._seq)
+        seq = self.taken
+        self.taken = seq + 1
         slot = seq % RING
         ev = self.events[slot]
         if ev is None and (ev := self._create(slot)) is None:

@@ -25,6 +25,11 @@ def _new_mark(ctx: ss.FwdCtx) -> Any:
     return ctx.clock.mark()
 
 
+def _forward_start(ctx: ss.FwdCtx) -> Any:
+    """The forward's start: a host time when it adopted an earlier forward's reference (``Clock``)."""
+    return ctx.clock.start()
+
+
 def _after_forward(ctx: ss.FwdCtx) -> Any:
     """Sampling right after the forward starts on the forward's end mark (``Clock.mark_on``): SGLang
     launches nothing on the GPU between the two, so a second event there would mark the same point."""
@@ -62,11 +67,12 @@ def around_forward(
     through. ``rids`` runs before the call and names the requests the call works for: the NVTX
     range's, and when it names none (an embedding call whose images are all in the radix prefix)
     nothing is marked or stored, for marks are CUDA calls on the TTFT path. ``start`` gives the first
-    mark (``_after_forward``: sampling shares the forward's end). The plugin code runs in guarded blocks inlined as in ``base.interval`` (names, range and
-    first mark before the call; second mark, pop and store after it), not one ``guarded`` call per
-    step: these wrappers run inside the forward, on the TTFT path, where every frame counts. A failure
-    before the call leaves no first mark and so nothing stored; either way the call runs once and its
-    result or exception passes through.
+    mark (``_after_forward``: sampling shares the forward's end; ``_forward_start``: a host time when
+    the forward adopted an earlier reference). The plugin code runs in guarded blocks inlined as in
+    ``base.interval`` (names, range and first mark before the call; second mark, pop and store after
+    it), not one ``guarded`` call per step: these wrappers run inside the forward, on the TTFT path,
+    where every frame counts. A failure before the call leaves no first mark and so nothing stored;
+    either way the call runs once and its result or exception passes through.
     """
 
     def make(kind: str) -> Direct:
@@ -118,7 +124,7 @@ def around_forward(
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "model_runner.forward": marked("model_runner.forward", "fwd", "model.prefill"),
+    "model_runner.forward": marked("model_runner.forward", "fwd", "model.prefill", start=_forward_start),
     "model_runner.sample": marked("model_runner.sample", "sample", "model.sample", start=_after_forward),
 }
 
