@@ -174,7 +174,6 @@ def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     monkeypatch.setattr(cuda_marks, "_ready", False)
     monkeypatch.setattr(cuda_marks, "_rings", {})  # each test's fake CUDA starts with no ring
     monkeypatch.setattr(cuda_marks, "_default", None)
-    monkeypatch.setattr(ss, "shared", None)  # no reference mark from another test's forward
     monkeypatch.setattr(cuda_marks, "CREATE_AHEAD", 1)  # one event per first-lap mark: the tests name them
     monkeypatch.setattr(cuda_marks, "watch", cuda_marks.CaptureWatch())  # not started: every mark asks
     tc = torch.cuda
@@ -184,11 +183,13 @@ def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     monkeypatch.delenv("SGLANG_MMTRACE_GPU_TIMING", raising=False)
     monkeypatch.delenv("SGLANG_MMTRACE_TEST_RAISE", raising=False)
     config.reset()
-    # a fake perf_counter: 10 ms a call (base.interval, the scheduler state; the pre-cdbd963 wrapper too)
+    # a fake perf_counter: 10 ms a call (base.interval, the scheduler state)
     host = HostClock()
     monkeypatch.setattr(base, "now", host)
     monkeypatch.setattr(ss, "now", host)
-    monkeypatch.setattr(mpl, "now", host, raising=False)
+    # the API's reference reads the host time where the call's own timestamp will (a real clock read
+    # takes microseconds, not a 10 ms step): the call starts at its reference's host time
+    monkeypatch.setattr(mpl, "now", host.peek)
     monkeypatch.setattr(nvtx, "domain", None)
     fake.clock = host
     errors_before = dict(telemetry.errors)
@@ -421,6 +422,25 @@ def test_resize_gpu_shorter_than_the_host_call_keeps_the_host_interval(cuda: Fak
     assert st.attrs["gpu_s"] == 0.002 and st.attrs["host_s"] == pytest.approx(HOST_STEP_S)
 
 
+def test_a_later_image_request_adopts_the_reference_and_marks_only_the_end(cuda: FakeCuda, log: list[str]) -> None:
+    """Within ``REF_TTL_S`` of the device's reference, the resize's start is its host time (no mark)
+    and its end mark is placed by its GPU offset from the reference; here on a GPU that idles on the
+    host's timeline, so the stage ends where the GPU finished: 250 ms of work launched one (fake) host
+    step after the call started."""
+    cuda.host = cuda.clock
+    first, second = ApiTrace("r1", None, "m", 0.0), ApiTrace("r2", None, "m", 0.0)
+    run_request(first, cuda, lambda req: None, gpu_ms=1.0)
+    assert log.count("record ev0") == 1 and records(log) == 2  # its reference, its end
+    cuda.completed = False
+    log.clear()
+    run_request(second, cuda, lambda req: setattr(cuda, "completed", True), gpu_ms=250.0)
+    assert log == ["combine", "process_mm_data", "record ev2"]
+    (st,) = stages(second, "mm.resize_normalize")
+    assert st.clock == "cuda"
+    assert st.t1 - st.t0 == pytest.approx(HOST_STEP_S + 0.250)
+    assert st.attrs["gpu_s"] == pytest.approx(HOST_STEP_S + 0.250)
+
+
 def test_unfinished_events_are_never_waited_for_and_fall_back_to_host(cuda: FakeCuda) -> None:
     """The GPU not there yet at the request end: host-timed, ``gpu: pending``; one read, no sync."""
     trace = ApiTrace("r1", None, "m", 0.0)
@@ -510,7 +530,8 @@ def test_cuda_ipc_leaves_cpu_tensors_untouched(cuda: FakeCuda, log: list[str]) -
     ("fallback", "mode"), [(False, "cuda_ipc"), (True, "cuda_ipc+cpu_fallback")], ids=["pool", "pool_full"]
 )
 def test_cuda_ipc_outcome_bytes_and_gpu_span(fallback: bool, mode: str, cuda: FakeCuda, log: list[str]) -> None:
-    """Two GPU features: one stage from the first tensor's first event to the last tensor's second event.
+    """Two GPU features: one stage from the first tensor's start (its mark, the device's reference) to
+    the last tensor's end mark; the second tensor's start adopts the reference (no mark).
 
     A full pool makes SGLang return ``tensor.cpu()`` (a ``Tensor``): that is the ``cpu_fallback`` outcome.
     """
@@ -520,13 +541,13 @@ def test_cuda_ipc_outcome_bytes_and_gpu_span(fallback: bool, mode: str, cuda: Fa
     fa = Wrapped("ipc a", cuda, gpu_ms=100.0, result=IpcProxy())
     fb = Wrapped("ipc b", cuda, gpu_ms=100.0, result=torch.zeros(2) if fallback else IpcProxy())
     run_combine(trace, cuda, [(a, fa), (b, fb)])
-    assert log == ["record ev0", "ipc a", "record ev1", "record ev2", "ipc b", "record ev3"]
+    assert log == ["record ev0", "ipc a", "record ev1", "ipc b", "record ev2"]
     assert fa.calls[0][0][0] is a and fb.calls[0][0][0] is b
     trace.resolve_gpu()
     (st,) = stages(trace, "transport.prepare")
     assert st.attrs["mode"] == mode and st.attrs["bytes"] == 5096 and st.attrs["tensors"] == 2
     assert st.clock == "cuda"
-    assert st.attrs["gpu_s"] == 0.2  # ev0 -> ev3 on the GPU clock
+    assert st.attrs["gpu_s"] == 0.2  # ev0 -> ev2 on the GPU clock
     assert st.t1 - st.t0 == pytest.approx(0.200)  # three host ticks (30 ms) are shorter
     assert trace.transport_bytes == 5096 and trace.transport_mode == "cuda_ipc"
 
@@ -622,25 +643,27 @@ def test_a_forward_adopts_a_recent_reference_and_starts_on_host_time(cuda: FakeC
     cuda.host = cuda.clock  # a GPU on the host's timeline: it idles until work is launched
     first = ss.Clock(cuda.clock.peek())
     a = first.start()
-    assert isinstance(a, int) and first.ref is ss.shared and ss.shared.seq == a  # its first mark: the reference
-    assert ss.shared.t == cuda.events[-1].stamp_ms / 1000  # read right after the mark, on an idle GPU
+    assert (
+        isinstance(a, int) and first.ref is first.marks.ref and first.marks.ref.seq == a
+    )  # its first mark: the reference
+    assert first.marks.ref.t == cuda.events[-1].stamp_ms / 1000  # read right after the mark, on an idle GPU
     cuda.gpu_work(3.0)
     first.mark()
     n = len(cuda.events)
 
     cuda.clock.t += 0.2  # the scheduler idles
     second = ss.Clock(cuda.clock.peek())
-    assert second.ref is ss.shared and second.name == "cuda"
+    assert second.ref is first.marks.ref and second.name == "cuda"
     start = second.start()
     assert isinstance(start, float) and len(cuda.events) == n and second.t_start == start  # no CUDA call
     cuda.gpu_work(3.0)
     end = second.mark()
-    assert second.first == end and ss.shared.seq == a  # the reference stays the first forward's
+    assert second.first == end and first.marks.ref.seq == a  # the reference stays the first forward's
     cuda.completed = True
     assert second.host(start) == start
     # the GPU ran the forward from its launch (the fake host clock steps 10 ms past the launch's read)
     assert second.host(end) == pytest.approx(start + HOST_STEP_S + 0.003)
-    assert ss.shared.t == cuda.events[0].stamp_ms / 1000  # nothing to correct
+    assert first.marks.ref.t == cuda.events[0].stamp_ms / 1000  # nothing to correct
 
 
 def test_an_adopted_reference_found_early_moves_later(cuda: FakeCuda) -> None:
@@ -651,7 +674,7 @@ def test_an_adopted_reference_found_early_moves_later(cuda: FakeCuda) -> None:
     cuda.gpu_work(40.0)  # queued work: the reference is recorded while the GPU is 40 ms behind the host
     first = ss.Clock(cuda.clock.peek())
     first.start()
-    t_ref = ss.shared.t
+    t_ref = first.marks.ref.t
     assert cuda.events[0].stamp_ms / 1000 == pytest.approx(t_ref + 0.040)
     cuda.clock.t += 0.2
     second = ss.Clock(cuda.clock.peek())
@@ -660,14 +683,14 @@ def test_an_adopted_reference_found_early_moves_later(cuda: FakeCuda) -> None:
     end = second.mark()
     cuda.completed = True
     assert second.host(end) == start  # the reference would place it 27 ms before the launch
-    assert ss.shared.t == pytest.approx(t_ref + 0.027) and ss.shared.taken == t_ref
+    assert first.marks.ref.t == pytest.approx(t_ref + 0.027) and first.marks.ref.taken == t_ref
 
     third = ss.Clock(cuda.clock.peek())
     start = third.start()
     cuda.gpu_work(3.0)
     end = third.mark()
     assert third.host(end) == pytest.approx(start)  # 13 ms early still: no later launch shows more
-    assert ss.shared.t == pytest.approx(t_ref + 0.027)
+    assert first.marks.ref.t == pytest.approx(t_ref + 0.027)
 
 
 @pytest.mark.parametrize("why", ["expired", "lapped", "other_device", "gpu_timing_off"])
@@ -679,7 +702,7 @@ def test_a_forward_takes_its_own_reference(why: str, cuda: FakeCuda, monkeypatch
     first.start()
     t_launch = first.ref.t + 0.01
     if why == "expired":
-        t_launch = first.ref.taken + ss.REF_TTL_S
+        t_launch = first.ref.taken + cuda_marks.REF_TTL_S
     elif why == "lapped":
         for _ in range(3):
             first.mark()  # the reference is 4 marks old: half the ring
@@ -687,16 +710,17 @@ def test_a_forward_takes_its_own_reference(why: str, cuda: FakeCuda, monkeypatch
         monkeypatch.setattr(cuda_marks, "_default", cuda_marks.device_marks(1))
     else:
         gpu_timing_off(monkeypatch)
-    before = ss.shared
+    before = first.marks.ref
     second = ss.Clock(t_launch)
     assert second.ref is None
     n = len(cuda.log)
     start = second.start()
     if why == "gpu_timing_off":
-        assert isinstance(start, float) and len(cuda.log) == n and ss.shared is before
+        assert isinstance(start, float) and len(cuda.log) == n and first.marks.ref is before
     else:
         assert isinstance(start, int) and len(cuda.log) == n + 1
-        assert ss.shared is second.ref and ss.shared is not before and second.ref.seq == start
+        assert second.marks.ref is second.ref is not before and second.ref.seq == start  # its device's now
+        assert (second.marks is first.marks) == (why != "other_device")
 
 
 def test_an_adopted_forward_under_graph_capture_is_host_timed(cuda: FakeCuda) -> None:
@@ -707,7 +731,7 @@ def test_an_adopted_forward_under_graph_capture_is_host_timed(cuda: FakeCuda) ->
     cuda.capturing_now = True
     assert isinstance(second.mark(), float)
     assert second.name == "host" and second.ref is None
-    assert ss.shared is first.ref  # still there for the next forward
+    assert first.marks.ref is first.ref  # still there for the next forward
 
 
 @pytest.mark.parametrize("delayed", [False, True])
@@ -865,10 +889,11 @@ def test_api_gpu_stages_are_read_when_the_request_is_handed_over(cuda: FakeCuda)
         trace = ApiTrace("r1", None, "m", 0.0)
         marks = cuda_marks.device_marks(0)
         assert marks is not None
-        m0 = marks.mark()
+        ref = marks.mark_reference(lambda: 1.0)  # read at host time 1.0
+        assert ref is not None
         cuda.gpu_work(30.0)
         m1 = marks.mark()
-        trace.add_gpu("mm.resize_normalize", 1.0, 1.01, {"images": 1}, marks, m0, m1)
+        trace.add_gpu("mm.resize_normalize", 1.0, 1.01, {"images": 1}, ref, m1)
         reads = cuda.reads
         cuda.completed = True
         client.finish(trace)

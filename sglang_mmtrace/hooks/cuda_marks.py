@@ -25,7 +25,9 @@ So a mark asks CUDA whether its stream is capturing a graph only while torch is 
 this process (``CaptureWatch``: ``torch.cuda.CUDAGraph.capture_begin``/``capture_end``, through
 which ``torch.cuda.graph``, ``make_graphed_callables``, SGLang's graph runners and inductor
 capture), the ring's events are all created by the process's first mark (``CREATE_AHEAD``), and the
-callers take as few marks as their stages need (``scheduler/state.Clock``).
+callers take as few marks as their stages need (``scheduler/state.Clock``). A stage's start is then
+a host time where the device has a recent ``Reference`` (a mark whose host time is known): its end
+mark, placed on the host timeline by its GPU offset from that reference, is the stage's only mark.
 """
 
 from __future__ import annotations
@@ -119,8 +121,44 @@ class Runtime:
         return "pending" if rc == NOT_READY else "unreadable"
 
 
+REF_TTL_S = 0.5
+"""How long a reference mark serves the marks after it (``Marks.reference``). Bounded because a
+reference places marks on the host timeline by their GPU-clock offset from it, and the GPU's clock and
+``perf_counter`` may drift apart; at 0.5 s, the GPU work of requests that come more often than twice a
+second (and all of it under load) starts on host time, with no mark."""
+
+
+class Reference:
+    """A mark whose host time is known: read right after it was recorded (taken where the GPU is idle
+    when the server is, at the start of a request's GPU work), moved later when a mark is found to
+    have run before it was recorded (``host``). ``taken``: the host time it was recorded at, from
+    which its age counts."""
+
+    __slots__ = ("marks", "seq", "t", "taken")
+
+    def __init__(self, marks: Marks, seq: int, t: float) -> None:
+        self.marks = marks
+        self.seq = seq
+        self.t = self.taken = t
+
+    def host(self, mark: int, not_before: float) -> float | str:
+        """``mark`` on the host timeline (the reference's host time plus the mark's GPU offset from it),
+        or why not (``Marks.elapsed_s``). ``not_before``: a host time before the mark was recorded, so
+        before it ran on the GPU. Where the reference places the mark earlier, the reference was
+        recorded behind queued GPU work, or the clocks drifted: it moves later by the difference, for
+        this mark and every later read."""
+        s = 0.0 if mark == self.seq else self.marks.elapsed_s(self.seq, mark)
+        if isinstance(s, str):
+            return s
+        t = self.t + s
+        if t < not_before:
+            self.t += not_before - t
+            t = not_before
+        return t
+
+
 class Marks:
-    """One device's ring of events."""
+    """One device's ring of events, and its latest reference mark."""
 
     def __init__(self, rt: Any, device: int) -> None:
         self.rt = rt
@@ -129,6 +167,24 @@ class Marks:
         self.seq_of = [-1] * RING
         self.taken = 0
         """Marks taken so far: the next mark's sequence number (how far a held mark is from being lapped)."""
+        self.ref: Reference | None = None
+
+    def reference(self, t: float) -> Reference | None:
+        """The latest reference, if at host time ``t`` it is younger than ``REF_TTL_S`` and not about
+        to be lapped in the ring; None when a new one is needed (``mark_reference``)."""
+        ref = self.ref
+        if ref is not None and t - ref.taken < REF_TTL_S and self.taken - ref.seq < RING // 2:
+            return ref
+        return None
+
+    def mark_reference(self, clock: Callable[[], float]) -> Reference | None:
+        """A new mark, made the latest reference with ``clock()`` read right after it; None if the
+        mark failed."""
+        m = self.mark()
+        if m is None:
+            return None
+        ref = self.ref = Reference(self, m, clock())
+        return ref
 
     def mark(self) -> int | None:
         """Record an event on the device's current stream now; None under graph capture or on failure."""

@@ -134,28 +134,31 @@ class ApiTrace:
         self.content: dict[str, Any] | None = None  # prompt and image URLs, only with CAPTURE_CONTENT=1
         self.discard = False  # crossed a switch flip: no record
         self.warmup = False  # a warm-up request (SGLang's start-up request, or marked by its client)
-        self.gpu_pending: list[tuple[str, float, float, dict[str, Any], Any, int, int]] = []  # see add_gpu
+        self.gpu_pending: list[tuple[str, float, float, dict[str, Any], Any, int]] = []  # see add_gpu
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
         self.events.append((name, API, t0, t1, clock, attrs or {}, None))
 
-    def add_gpu(self, name: str, t0: float, t1: float, attrs: dict[str, Any], marks: Any, m0: int, m1: int) -> None:
-        """A stage whose GPU time lies between CUDA marks ``m0`` and ``m1`` (``hooks.cuda_marks``), read
-        by ``resolve_gpu`` when the request has finished: off its path to the first token (a read is a
-        CUDA call, 5-30 µs there), and by then the GPU has long passed both marks."""
-        self.gpu_pending.append((name, t0, t1, attrs, marks, m0, m1))
+    def add_gpu(self, name: str, t0: float, t1: float, attrs: dict[str, Any], ref: Any, end: int) -> None:
+        """A stage whose GPU work ends at CUDA mark ``end``, placed on the host timeline by reference
+        ``ref`` (``hooks.cuda_marks.Reference``), read by ``resolve_gpu`` when the request has finished:
+        off its path to the first token (a read is a CUDA call, 5-30 µs there), and by then the GPU has
+        long passed the mark."""
+        self.gpu_pending.append((name, t0, t1, attrs, ref, end))
 
     def resolve_gpu(self) -> None:
-        """File the stages ``add_gpu`` held: CUDA-timed when both marks read, host-timed (with the
-        reason, ``"gpu": "pending"`` or ``"unreadable"``) when not. Never waits for the GPU."""
+        """File the stages ``add_gpu`` held: from the host call's start to the later of its return and
+        the GPU's end of its work (``clock: "cuda"``; ``gpu_s``: that end from the start), host-timed
+        (with the reason, ``"gpu": "pending"`` or ``"unreadable"``) when the mark does not read. Never
+        waits for the GPU."""
         pending, self.gpu_pending = self.gpu_pending, []
-        for name, t0, t1, attrs, marks, m0, m1 in pending:
-            gpu_s = marks.elapsed_s(m0, m1)
-            if isinstance(gpu_s, float):  # the stage never ends before the host call returned
-                timed = {**attrs, "gpu_s": round(gpu_s, 9), "host_s": round(t1 - t0, 9)}
-                self.add(name, t0, max(t1, t0 + gpu_s), timed, "cuda")
+        for name, t0, t1, attrs, ref, end in pending:
+            t_end = ref.host(end, t0)  # the GPU did not run the stage's work before the call started
+            if isinstance(t_end, float):
+                timed = {**attrs, "gpu_s": round(t_end - t0, 9), "host_s": round(t1 - t0, 9)}
+                self.add(name, t0, max(t1, t_end), timed, "cuda")
             else:
-                self.add(name, t0, t1, {**attrs, "gpu": gpu_s})
+                self.add(name, t0, t1, {**attrs, "gpu": t_end})
 
 
 current_http: contextvars.ContextVar[HttpCtx | None] = contextvars.ContextVar("mmtrace_http", default=None)

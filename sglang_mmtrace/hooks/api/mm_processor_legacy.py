@@ -15,12 +15,14 @@ A request's state lives in ``_MmReq``, held by a context variable that the IO/PR
 share by reference; per-call state on a worker thread lives in a thread-local.
 
 Stages: ``mm.process`` (the request scope, ``process_mm_data_async`` as a whole), ``mm.load``
-(base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of ``_load_single_item``), ``mm.resize_normalize`` (``process_mm_data``; CUDA event marks (``cuda_marks``) when the fast
-processor runs on the GPU, read when the request has finished (``ApiTrace.add_gpu``), never waited for), ``mm.expand`` (once
-per request: the padded ids and M-RoPE positions on EL; the offsets and per-image split before it
-on PROC are its ``split_s`` attribute, their time inside ``mm.process``, because the ``cuda_ipc``
-copies come between the two parts) and ``transport.prepare`` (``cuda_ipc``: the pool slice copies). The TM computes no content hash on 0.5.17 (the scheduler hashes pixels),
-so ``images[].content_hash`` is empty.
+(base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of ``_load_single_item``),
+``mm.resize_normalize`` (``process_mm_data``; when the fast processor runs on the GPU it ends where
+its GPU work does: a CUDA event mark (``cuda_marks``) read when the request has finished,
+``ApiTrace.add_gpu``, never waited for), ``mm.expand`` (once per request: the padded ids and M-RoPE
+positions on EL; the offsets and per-image split before it on PROC are its ``split_s`` attribute,
+their time inside ``mm.process``, because the ``cuda_ipc`` copies come between the two parts) and
+``transport.prepare`` (``cuda_ipc``: the pool slice copies, marked the same way). The TM computes no
+content hash on 0.5.17 (the scheduler hashes pixels), so ``images[].content_hash`` is empty.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 from ... import config, switch
 from ...join.context import ApiTrace, current_trace
 from .. import cuda_marks
-from ..base import HookSpec, arg, interval
+from ..base import HookSpec, arg, interval, now
 from .mm_processor import image_size
 
 _tls = threading.local()
@@ -57,7 +59,7 @@ class _Combine:
 
     def __init__(self) -> None:
         self.t_resize_end: float | None = None
-        self.ipc: list[tuple[float, float, int, str, Any, Any, Any]] = []  # (t0, t1, bytes, outcome, marks, m0, m1)
+        self.ipc: list[tuple[float, float, int, str, Any, Any]] = []  # (t0, t1, bytes, outcome, reference, end mark)
 
 
 current_mm: contextvars.ContextVar[_MmReq | None] = contextvars.ContextVar("mmtrace_mm_legacy", default=None)
@@ -114,14 +116,14 @@ def _request_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         req.trace.add("mm.expand", req.t_combined, t1)
 
 
-def _gpu_stage(stage: str, t0: float, t1: float, marks: Any, m0: Any, m1: Any, attrs: dict[str, Any]) -> None:
-    """File a stage that ran on the GPU: its events are read when the request has finished
-    (``ApiTrace.add_gpu``); without both marks it is host-timed now."""
+def _gpu_stage(stage: str, t0: float, t1: float, ref: Any, end: Any, attrs: dict[str, Any]) -> None:
+    """File a stage that ran on the GPU: its end mark is read when the request has finished
+    (``ApiTrace.add_gpu``); without a reference and an end mark it is host-timed now."""
     trace = _trace()
     if trace is None:
         return
-    if m0 is not None and m1 is not None:
-        trace.add_gpu(stage, t0, t1, attrs, marks, m0, m1)
+    if ref is not None and end is not None:
+        trace.add_gpu(stage, t0, t1, attrs, ref, end)
     else:
         trace.add(stage, t0, t1, attrs)
 
@@ -186,10 +188,10 @@ def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         outcomes = {e[3] for e in c.ipc}
         mode = "cuda_ipc" if outcomes == {"cuda_ipc"} else "cuda_ipc+cpu_fallback"
         attrs = {"mode": mode, "bytes": nbytes, "tensors": len(c.ipc)}
-        # the pool copies are non-blocking launches: their GPU time spans the first to the last event
-        timed = all(e[5] is not None and e[6] is not None for e in c.ipc)
-        m0, m1 = (c.ipc[0][5], c.ipc[-1][6]) if timed else (None, None)
-        _gpu_stage("transport.prepare", c.ipc[0][0], c.ipc[-1][1], c.ipc[0][4], m0, m1, attrs)
+        # the pool copies are non-blocking launches: their GPU work ends at the last one's end mark
+        timed = all(e[4] is not None and e[5] is not None for e in c.ipc)
+        ref, end = (c.ipc[-1][4], c.ipc[-1][5]) if timed else (None, None)
+        _gpu_stage("transport.prepare", c.ipc[0][0], c.ipc[-1][1], ref, end, attrs)
         trace.transport_bytes += nbytes
         trace.transport_mode = "cuda_ipc"
     if exc is not None or c.t_resize_end is None:
@@ -230,12 +232,11 @@ def _combine_async_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None
         req.t_combined = t1
 
 
-def _end_mark(st: Any) -> tuple[Any, Any, Any]:
-    """(marks, start mark, end mark) for a call whose enter step took ``st`` = (marks, start mark)."""
-    if st is None:
-        return None, None, None
-    marks, m0 = st
-    return marks, m0, marks.mark()
+def _end_mark(ref: Any) -> tuple[Any, Any]:
+    """(reference, end mark) for a call whose enter step found or made ``ref`` (``_events_start``)."""
+    if ref is None:
+        return None, None
+    return ref, ref.marks.mark()
 
 
 def _resize_start(instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -248,11 +249,16 @@ def _ipc_start(instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _events_start(instance: Any) -> Any:
+    """The reference that will place the call's end mark: the device's recent one (the call's start is
+    then its host time, with no mark), else a mark taken now and made the device's reference. Each
+    mark is a CUDA call holding the GIL on a PROC thread (50-70 µs for the first after the GPU idled,
+    ``benchmarks/results/probe-h200-20261201/``), so most image requests make one per stage."""
     if not (config.get().gpu_timing and switch.on("cuda_events")) or _trace() is None:
         return None
     marks = cuda_marks.device_marks(int(getattr(getattr(instance, "server_args", None), "base_gpu_id", 0) or 0))
-    m0 = marks.mark() if marks is not None else None
-    return (marks, m0) if m0 is not None else None
+    if marks is None:
+        return None
+    return marks.reference(now()) or marks.mark_reference(now)
 
 
 def _resize_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:

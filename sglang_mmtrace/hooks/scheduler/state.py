@@ -51,56 +51,28 @@ class ReqTrace:
         self.vit_skipped = 0  # images whose encoder run the radix prefix made unnecessary
 
 
-REF_TTL_S = 0.5
-"""How long a forward's reference mark serves the forwards after it (``Clock``). Bounded because the
-reference places marks on the host timeline by their GPU-clock offset from it, and the GPU's clock and
-``perf_counter`` may drift apart; at 0.5 s, requests that arrive more often than twice a second
-(and every forward under load) take no reference mark of their own."""
-
-
-class Reference:
-    """A forward's first mark and its host time: read right after it was recorded (a forward launches
-    on an idle GPU when the server is not busy), moved later when a forward finds it early
-    (``Clock._settle``). ``taken``: the host time it was recorded at, which its age counts from."""
-
-    __slots__ = ("marks", "seq", "t", "taken")
-
-    def __init__(self, marks: cuda_marks.Marks, seq: int, t: float) -> None:
-        self.marks = marks
-        self.seq = seq
-        self.t = self.taken = t
-
-
-shared: Reference | None = None
-"""The last reference a forward took on this scheduler thread, for the forwards of the next
-``REF_TTL_S`` (``Clock``)."""
-
-
 class Clock:
     """Host timestamps, or CUDA event marks on the current stream when the forward runs on a GPU.
 
     Each CUDA call costs 10-30 µs of the scheduler thread's CPU on the H200, the first after the GPU
     idled the most (``benchmarks/results/marks-h200-20261201/``, ``record-cost-h200-20261203-2/``), so a
     forward makes as few as its stages need. Marks are placed on the host timeline by their GPU offset
-    from a reference mark. A forward that finds a reference taken less than ``REF_TTL_S`` ago (and not
-    about to be lapped in the ring) adopts it, and its own start (``start``) is then the host time at
-    its launch, not a mark: only the stage ends cost CUDA calls. Otherwise its first mark becomes the
-    reference, taken with the host time right after it (the GPU is idle when a forward launches on an
-    idle server) and shared with the forwards after it. ``mark_on`` lets a stage that starts where the
+    from a reference mark (``cuda_marks.Reference``). A forward that finds its device's reference
+    recent (``Marks.reference``) adopts it, and its start (``start``) is then the host time at its
+    launch, not a mark: only the stage ends cost CUDA calls. Otherwise its first mark becomes the
+    device's reference, read with the host time right after it (the GPU is idle when a forward
+    launches on an idle server). No mark of the forward can have run before its launch, which keeps an
+    adopted reference in check (``Reference.host``). ``mark_on`` lets a stage that starts where the
     last one ended share its mark.
-
-    An adopted reference is checked against this forward (``_settle``): none of its marks can have run
-    on the GPU before the forward was launched, so when the reference places the first of them earlier
-    than that launch (the reference was recorded behind queued GPU work, or the clocks drifted), the
-    reference's host time moves later by the difference, here and for the forwards that follow.
     """
 
     __slots__ = ("marks", "ref", "t_start", "first", "last", "_host")
 
     def __init__(self, t_launch: float) -> None:
         self.marks: cuda_marks.Marks | None = None
-        self.ref: Reference | None = None
+        self.ref: cuda_marks.Reference | None = None
         self.t_start = t_launch
+        """Before any GPU work of the forward: ``run_batch``'s start, then the forward's (``start``)."""
         self.first: int | None = None
         """This forward's first CUDA mark."""
         self.last: int | float | None = None
@@ -108,15 +80,8 @@ class Clock:
         self._host: dict[int, float] | None = None
         if config.get().gpu_timing and switch.on("cuda_events"):
             marks = self.marks = cuda_marks.device_marks()
-            ref = shared
-            if (
-                marks is not None
-                and ref is not None
-                and ref.marks is marks
-                and t_launch - ref.taken < REF_TTL_S
-                and marks.taken - ref.seq < cuda_marks.RING // 2
-            ):
-                self.ref = ref
+            if marks is not None:
+                self.ref = marks.reference(t_launch)
 
     def start(self) -> int | float:
         """The forward's start: the host time now when it adopted a reference, else its first mark."""
@@ -128,13 +93,14 @@ class Clock:
     def mark(self) -> int | float:
         marks = self.marks
         if marks is not None:
-            m = marks.mark()
+            if self.ref is None:  # the forward's first mark, made the device's reference
+                ref = self.ref = marks.mark_reference(now)
+                m = ref.seq if ref is not None else None
+            else:
+                m = marks.mark()
             if m is not None:
                 if self.first is None:
                     self.first = m
-                    if self.ref is None:
-                        global shared
-                        self.ref = shared = Reference(marks, m, now())
                 self.last = m
                 return m
             if self.first is None:
@@ -150,41 +116,27 @@ class Clock:
         return prev if prev is not None and prev is self.last else self.mark()
 
     def host(self, mark: int | float) -> float:
-        """A mark on the host timeline (CUDA marks: offset from the reference, read once each)."""
+        """A mark on the host timeline (CUDA marks: from the reference, read once each; the forward's
+        first mark is read first, so that a move of the reference it causes applies to all of them)."""
         if isinstance(mark, float):
             return mark
-        ref = self.ref
-        assert ref is not None
         known = self._host
         if known is None:
             known = self._host = {}
-            self._settle(ref, known)
+            if self.first is not None:
+                known[self.first] = self._read(self.first)
         t = known.get(mark)
         if t is None:
-            t = known[mark] = ref.t + self._offset(ref, mark)
+            t = known[mark] = self._read(mark)
         return t
 
-    def _settle(self, ref: Reference, known: dict[int, float]) -> None:
-        """Before the first read: move an adopted reference's host time later when it places this
-        forward's first mark before the forward's launch (see the class docstring). A reference the
-        forward took itself needs nothing: its host time was read right after it."""
-        first = self.first
-        if first is None or ref.seq == first:
-            return
-        t = ref.t + self._offset(ref, first)
-        if t < self.t_start:
-            ref.t += self.t_start - t
-            t = self.t_start
-        known[first] = t
-
-    @staticmethod
-    def _offset(ref: Reference, mark: int) -> float:
-        if mark == ref.seq:
-            return 0.0
-        s = ref.marks.elapsed_s(ref.seq, mark)
-        if isinstance(s, str):
-            raise ValueError(f"CUDA mark {s}")  # contained and counted by the hook's guard
-        return s
+    def _read(self, mark: int) -> float:
+        ref = self.ref
+        assert ref is not None
+        t = ref.host(mark, self.t_start)
+        if isinstance(t, str):
+            raise ValueError(f"CUDA mark {t}")  # contained and counted by the hook's guard
+        return t
 
     @property
     def name(self) -> str:
