@@ -736,11 +736,12 @@ def test_an_adopted_forward_under_graph_capture_is_host_timed(cuda: FakeCuda) ->
 
 @pytest.mark.parametrize("delayed", [False, True])
 def test_a_text_forward_after_another_records_two_events(
-    delayed: bool, cuda: FakeCuda, log: list[str], outbox: Outbox
+    delayed: bool, cuda: FakeCuda, log: list[str], outbox: Outbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The second of two text forwards in a row adopts the first one's reference: its end and its
     sampling's end (and a delayed sampling's start) are its only CUDA events; its prefill starts at its
     host launch and ends at its end mark's time on the GPU."""
+    monkeypatch.setattr(cuda_marks, "REF_TTL_S", 60.0)  # the fake host clock steps 10 ms a call
     cuda.host = cuda.clock
     run_text_forward(cuda, log, outbox, delayed=False, rid="A")
     log.clear()
@@ -1159,6 +1160,21 @@ def run_text_forward(
     (prefill,) = [e for e in mine if e[1] == "model.prefill"]
     (sampled,) = [e for e in mine if e[1] == "model.sample"]
     return prefill, sampled
+
+
+def test_a_new_image_forward_after_another_records_six_events(
+    cuda: FakeCuda, log: list[str], outbox: Outbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next forward adopts the first one's reference: its start is a host time, so only the
+    embedding's, the encoder's and the forward's boundaries and sampling's end are marked."""
+    monkeypatch.setattr(cuda_marks, "REF_TTL_S", 60.0)  # the fake host clock steps 10 ms a call
+    _, batch, reqs = run_prefill_batch(cuda, log)
+    cuda.completed = True
+    process_result(batch, reqs)
+    log.clear()
+    cuda.completed = False
+    _, batch, reqs = run_prefill_batch(cuda, log)
+    assert records(log) == 6
 
 
 @pytest.mark.parametrize("delayed", [False, True])
