@@ -422,11 +422,14 @@ def test_resize_gpu_shorter_than_the_host_call_keeps_the_host_interval(cuda: Fak
     assert st.attrs["gpu_s"] == 0.002 and st.attrs["host_s"] == pytest.approx(HOST_STEP_S)
 
 
-def test_a_later_image_request_adopts_the_reference_and_marks_only_the_end(cuda: FakeCuda, log: list[str]) -> None:
+def test_a_later_image_request_adopts_the_reference_and_marks_only_the_end(
+    cuda: FakeCuda, log: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Within ``REF_TTL_S`` of the device's reference, the resize's start is its host time (no mark)
     and its end mark is placed by its GPU offset from the reference; here on a GPU that idles on the
     host's timeline, so the stage ends where the GPU finished: 250 ms of work launched one (fake) host
     step after the call started."""
+    monkeypatch.setattr(cuda_marks, "REF_TTL_S", 60.0)  # the fake host clock steps 10 ms a call
     cuda.host = cuda.clock
     first, second = ApiTrace("r1", None, "m", 0.0), ApiTrace("r2", None, "m", 0.0)
     run_request(first, cuda, lambda req: None, gpu_ms=1.0)
