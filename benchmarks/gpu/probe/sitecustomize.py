@@ -60,6 +60,13 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
 
         _inner = contextvars.ContextVar("mmtrace_probe_inner")  # this call's [wrapped SGLang call's seconds]
 
+        def _count(slot: list, whole: float, inner: float) -> None:
+            """One timed hook call into its slot: calls, own seconds (``whole`` minus the wrapped
+            call's ``inner``), the wrapped call's seconds. Called after the clock was read."""
+            slot[0] += 1
+            slot[1] += whole - inner
+            slot[2] += inner
+
         def _timed_direct(hook_id: str, kind: str, direct):
             """A ``Direct`` hook timed as it runs (built into its target's replacement): the target it is
             built around is timed as the wrapped call, per call in a context variable (a coroutine hook's
@@ -85,9 +92,7 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
                         try:
                             return await hook(*a, **k)
                         finally:
-                            slot[0] += 1
-                            slot[1] += _now() - t0 - cell[0]
-                            slot[2] += cell[0]
+                            _count(slot, _now() - t0, cell[0])
                             _inner.reset(token)
 
                     return probed_async
@@ -108,9 +113,7 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
                     try:
                         return hook(*a, **k)
                     finally:
-                        slot[0] += 1
-                        slot[1] += _now() - t0 - cell[0]
-                        slot[2] += cell[0]
+                        _count(slot, _now() - t0, cell[0])
                         _inner.reset(token)
 
                 return probed
@@ -137,9 +140,7 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
                     try:
                         return await wrapper(call, instance, args, kwargs)
                     finally:
-                        slot[0] += 1
-                        slot[1] += _now() - t0 - inner[0]
-                        slot[2] += inner[0]
+                        _count(slot, _now() - t0, inner[0])
 
                 return timed_async
             if kind != "sync":
@@ -159,9 +160,7 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
                 try:
                     return wrapper(call, instance, args, kwargs)
                 finally:
-                    slot[0] += 1
-                    slot[1] += _now() - t0 - inner[0]
-                    slot[2] += inner[0]
+                    _count(slot, _now() - t0, inner[0])
 
             return timed_sync
 
