@@ -12,7 +12,10 @@ Images use seeds no other test module uses, so every "new" image is new to the s
 from __future__ import annotations
 
 import http.server
+import json
+import math
 import threading
+import urllib.request
 from collections import Counter
 from typing import Any
 
@@ -61,9 +64,16 @@ CASES: dict[str, int] = {
     "jpeg": 1,
     "image_url": 1,
     "image_1024x768": 1,
+    "chunked_prefill": 1,
 }
 ALL = [(label, i) for label, n in CASES.items() for i in range(n)]
 ALL_IDS = [f"{label}-{i}" for label, i in ALL]
+
+
+def chunk_size(server) -> int:
+    """SGLang's ``--chunked-prefill-size`` as the server runs it (its default depends on the machine)."""
+    with urllib.request.urlopen(f"{server.base_url}/server_info", timeout=30) as resp:
+        return int(json.load(resp)["chunked_prefill_size"])
 
 
 def _img(width: int, height: int, seed: int, fmt: str = "PNG") -> Img:
@@ -122,6 +132,8 @@ def exchanges(server, image_host) -> dict[str, list[Exchange]]:
     png, jpeg = _img(512, 512, seed=7005), _img(512, 512, seed=7006, fmt="JPEG")
     hosted = _img(256, 256, seed=7007)
     big = _img(1024, 768, seed=7008)
+    chunked = _img(256, 256, seed=7009)
+    long_question = "Chunked prefill check: " + "word " * (chunk_size(server) * 3 // 2)  # ~1.5 chunks
     handler.files["/hosted.png"] = hosted.data
     url = f"http://127.0.0.1:{httpd.server_address[1]}/hosted.png"
 
@@ -145,6 +157,7 @@ def exchanges(server, image_host) -> dict[str, list[Exchange]]:
         ("jpeg", [image_message(Q1, [data_url(jpeg.data, "JPEG")])], [jpeg]),
         ("image_url", [image_message(Q1, [url])], [hosted]),
         ("image_1024x768", [image_message(Q1, [data_url(big.data)])], [big]),
+        ("chunked_prefill", [image_message(long_question, [data_url(chunked.data)])], [chunked]),
     ]
     out: dict[str, list[Exchange]] = {}
     for label, messages, images in plan:
@@ -360,6 +373,27 @@ def test_image_1024x768(case, server):
     assert (rec["images"][0]["width"], rec["images"][0]["height"]) == (1024, 768)
     decode = one(rec, "mm.decode")["attrs"]
     assert (decode["width"], decode["height"]) == (1024, 768), ex.describe()
+
+
+def test_chunked_prefill(case, server):
+    """A prompt longer than SGLang's ``--chunked-prefill-size`` is prefilled in chunks, one forward
+    each, the next chunk launched before the last one's result is processed (overlap scheduling).
+    Every stage still comes once (the contract), and the forward's stages say how many parts they
+    hold (``chunks``, ``chunks_s``). The image sits in the first chunk: the encoder and the embedding
+    injection run there alone, and say so by having no parts."""
+    (ex,) = case("chunked_prefill")
+    rec = ex.record
+    size = chunk_size(server)
+    assert rec["prompt_tokens"] - rec["cached_tokens"] > size, ex.describe()  # the case really chunks
+    _check(stage_set_problems(rec, absent=()), ex)
+    n = math.ceil((rec["prompt_tokens"] - rec["cached_tokens"]) / size)
+    for name in ("model.forward", "model.prefill", "model.sample"):
+        stage = one(rec, name)
+        assert stage["attrs"].get("chunks") == n, f"{name}: {stage['attrs']}\n" + ex.describe()
+        assert 0 < stage["attrs"]["chunks_s"] <= stage["dur_s"] + 1e-9, ex.describe()
+    for name in ("model.vision_encoder", "model.embed", "scheduler.batch", "scheduler.output"):
+        assert "chunks" not in one(rec, name)["attrs"], ex.describe()
+    assert rec["cache"] == {"preprocess": "miss", "embedding": "miss", "image_prefix_hit": False}, ex.describe()
 
 
 def test_contract_stage_catalogue_is_what_the_cases_cover(exchanges, server):

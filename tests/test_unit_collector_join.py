@@ -45,3 +45,42 @@ def test_scheduler_recv_starts_no_earlier_than_the_request_was_sent(transport_by
     assert recv["attrs"]["poll_started_s"] == pytest.approx(0.0035, abs=1e-9)
     if transport_bytes:
         assert (recv["attrs"]["mode"], recv["attrs"]["bytes"]) == ("cpu", transport_bytes)
+
+
+def test_a_chunked_prefill_gives_each_stage_one_interval() -> None:
+    """SGLang's CPU server chunks at 4096 tokens: CI's 64-client load test batched a new image
+    request's first chunk with 63 others and ran its second chunk alone, and the record carried
+    ``model.forward`` (and each ``model.*``) twice. The contract: once per request, parts as attrs."""
+    shared = {"batch_size": 64}  # one dict for every request of the batch: must not be edited
+    remote = [
+        StageEvent("scheduler.recv", "scheduler", 100.025, 100.030),
+        StageEvent("model.forward", "scheduler", 100.030, 100.050, attrs=shared),
+        StageEvent("model.embed", "scheduler", 100.040, 100.041, attrs={**shared, "embedding_cache": "miss"}),
+        StageEvent("model.prefill", "scheduler", 100.041, 100.050, attrs=shared),
+        StageEvent("model.forward", "scheduler", 100.052, 100.056, attrs={"batch_size": 1}),
+        StageEvent("model.embed", "scheduler", 100.052, 100.0525, attrs={"batch_size": 1, "embedding_cache": "hit"}),
+        StageEvent("model.prefill", "scheduler", 100.0525, 100.056, attrs={"batch_size": 1}),
+        StageEvent("scheduler.output", "scheduler", 100.056, 100.058),
+    ]
+    rec = build_record(trace_with_dispatch(1572864), remote, "0.5.23", 0.0)
+    got = {s["name"]: s for s in rec["stages"]}
+    assert [s["name"] for s in rec["stages"]].count("model.forward") == 1
+    assert len(rec["stages"]) == len(got)
+    fwd = got["model.forward"]
+    assert (fwd["start_s"], fwd["dur_s"]) == (pytest.approx(0.030, abs=1e-9), pytest.approx(0.026, abs=1e-9))
+    assert fwd["attrs"] == {"batch_size": 64, "chunks": 2, "chunks_s": pytest.approx(0.024, abs=1e-9)}
+    embed = got["model.embed"]  # where the request entered: the first chunk computed the embedding
+    assert embed["attrs"]["embedding_cache"] == "miss" and embed["attrs"]["chunks"] == 2
+    assert rec["cache"]["embedding"] == "miss"
+    assert got["model.prefill"]["start_s"] == pytest.approx(0.041, abs=1e-9)
+    assert "chunks" not in got["scheduler.recv"]["attrs"] and "chunks" not in got["scheduler.output"]["attrs"]
+    assert shared == {"batch_size": 64}
+
+
+def test_per_image_stages_keep_one_interval_per_image() -> None:
+    tr = trace_with_dispatch(0)
+    tr.events += [StageEvent("mm.decode", "api", 100.002, 100.004), StageEvent("mm.decode", "api", 100.004, 100.007)]
+    remote = [StageEvent("scheduler.recv", "scheduler", 100.025, 100.030)]
+    rec = build_record(tr, remote, "0.5.23", 0.0)
+    decodes = [s for s in rec["stages"] if s["name"] == "mm.decode"]
+    assert [round(s["dur_s"], 6) for s in decodes] == [0.002, 0.003] and all(not s["attrs"] for s in decodes)

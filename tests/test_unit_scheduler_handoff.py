@@ -123,3 +123,26 @@ def test_a_chunked_prefill_files_its_admission_once_and_each_chunks_forward(box:
     ]
     first, second = [e for e in box.sent if e[1] == "model.forward"]
     assert first[3] <= second[2]
+
+
+def test_the_overlap_scheduler_launches_the_next_chunk_before_the_last_ones_result(box: Box) -> None:
+    """SGLang 0.5.23's overlap scheduler on the CPU: a 6228-token prompt, chunks of 4096 and 2128, ran
+    the second chunk's ``run_batch`` before the first chunk's result was processed. A single slot per
+    request lost the first chunk (its encoder, embedding and forward) and, with it, the hand-off."""
+    req = Req("A")
+    hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (req,), {})
+    sb = SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_extend=lambda: True))
+    run, result = hook("scheduler.run_batch", scheduler), hook("batch_result.prefill", batch_result)
+    run(lambda b: "result", None, (sb,), {})
+    first_ctx = req._mmtrace.fwd
+    run(lambda b: "result", None, (sb,), {})
+    assert req._mmtrace.fwd is first_ctx and req._mmtrace.fwd_next is not first_ctx
+    result(lambda b, res: res, None, (sb, "r"), {})  # the first chunk's result: no token yet
+    assert [e[1] for e in box.sent if e[1] == "scheduler.output"] == []
+    req.output_ids = [7]  # the last chunk samples the first token
+    result(lambda b, res: res, None, (sb, "r"), {})
+    forwards = [e for e in box.sent if e[1] == "model.forward"]
+    assert len(forwards) == 2 and forwards[0][3] <= forwards[1][2]
+    assert forwards[0][2] == first_ctx.t0  # the first chunk's forward, filed with the first result
+    assert [e[1] for e in box.sent].count("scheduler.output") == 1
+    assert req._mmtrace.fwd is None and req._mmtrace.fwd_next is None and req._mmtrace.first_token

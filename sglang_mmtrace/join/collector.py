@@ -27,7 +27,7 @@ from .. import switch, telemetry
 from ..config import Config
 from ..stages import API, ROOT
 from .context import ApiTrace, HttpCtx, from_wire
-from .record import EmitContext, StageEvent, coverage, stage_dicts
+from .record import EmitContext, StageEvent, coverage, merge_chunks, stage_dicts
 
 logger = logging.getLogger("sglang_mmtrace")
 
@@ -479,7 +479,7 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
             events.append(StageEvent("response.first_chunk", API, trace.t_first_output, t_first))
         events.append(StageEvent(ROOT, API, arrival, t_first))
     t_end = (http.t_last_body if http is not None else None) or trace.t_finished
-    stages = stage_dicts(events, arrival)
+    stages = stage_dicts(merge_chunks(events), arrival)
     attributed, cov = coverage(stages, ttft)
 
     prefix = next((e.attrs for e in remote if e.name == "scheduler.prefix_match"), None)

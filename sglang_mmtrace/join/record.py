@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..stages import ORDER, ROOT
+from ..stages import ORDER, ROOT, STAGES
 
 
 @dataclass(slots=True)
@@ -31,6 +31,36 @@ class EmitContext:
 
     traceparent: str | None = None
     pids: dict[str, int] = field(default_factory=dict)  # SGLang process kind -> pid
+
+
+def merge_chunks(events: list[StageEvent]) -> list[StageEvent]:
+    """One interval per stage, as the contract has it, where SGLang ran a stage in parts.
+
+    SGLang splits a prompt longer than ``--chunked-prefill-size`` into chunks, one prefill forward
+    each, and the scheduler's hooks time each chunk's forward (``model.*``, ``scheduler.overlap_wait``).
+    A stage that comes more than once becomes one interval from its first part's start to its last
+    part's end, with the first part's attributes (where the request entered the forward: its batch,
+    its embedding-cache outcome) plus ``chunks``, how many parts, and ``chunks_s``, their summed
+    durations (the interval also holds the gaps between them). Per-image stages repeat by design and
+    stay as they are. New events, never edited ones: a batch event's attrs are shared by all its
+    requests.
+    """
+    parts: dict[str, list[StageEvent]] = {}
+    for e in events:
+        parts.setdefault(e.name, []).append(e)
+    if len(parts) == len(events):
+        return events
+    out = []
+    for name, group in parts.items():
+        stage = STAGES.get(name)
+        if len(group) == 1 or (stage is not None and stage.per_image):
+            out.extend(group)
+            continue
+        first = group[0]
+        attrs = {**first.attrs, "chunks": len(group), "chunks_s": round(sum(e.t1 - e.t0 for e in group), 9)}
+        t0, t1 = min(e.t0 for e in group), max(e.t1 for e in group)
+        out.append(StageEvent(name, first.process, t0, t1, first.clock, attrs, first.pid))
+    return out
 
 
 def union_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:

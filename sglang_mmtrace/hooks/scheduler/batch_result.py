@@ -108,7 +108,7 @@ def _result_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         if tr.admission is not None:
             _emit_admission(req, tr)
         ctxs[id(tr.fwd)] = tr.fwd
-        tr.fwd = None
+        tr.fwd, tr.fwd_next = tr.fwd_next, None
         if not tr.first_token and _has_output(req):
             tr.first_token = True
             first.append(req.rid)

@@ -63,8 +63,11 @@ def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     if not traces:
         return None
     ctx = ss.FwdCtx(traces, t, len(batch.reqs))
-    for tr in traces:
-        tr.fwd = ctx  # the overlap scheduler processes a copy of the batch: keep it on the requests' traces
+    for tr in traces:  # the overlap scheduler processes a copy of the batch: keep it on the requests' traces
+        if tr.fwd is None:
+            tr.fwd = ctx
+        else:
+            tr.fwd_next = ctx  # the next chunk, launched before the last one's result was processed
     ss.current = ctx
     return ctx
 

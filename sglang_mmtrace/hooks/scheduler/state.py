@@ -33,6 +33,7 @@ class ReqTrace:
         "admission",
         "first_token",
         "fwd",
+        "fwd_next",
         "vit_skipped",
     )
 
@@ -47,7 +48,10 @@ class ReqTrace:
         """(cached tokens, prefix length) as read at admission, until its ``scheduler.queue`` and
         ``scheduler.prefix_match`` events are built (the match's times are ``t_match0``/``t_match1``)."""
         self.first_token = False
-        self.fwd: FwdCtx | None = None  # the last prefill forward, until its result is processed
+        self.fwd: FwdCtx | None = None  # the oldest prefill forward whose result is not processed yet
+        self.fwd_next: FwdCtx | None = None
+        """A chunked prefill's next chunk, launched before the last chunk's result was processed (the
+        overlap scheduler): results come in launch order, so it becomes ``fwd`` when that one's does."""
         self.vit_skipped = 0  # images whose encoder run the radix prefix made unnecessary
 
 
