@@ -35,6 +35,7 @@ from record_checks import (
     names,
     one,
     order_problems,
+    pretty,
     prompt_layout,
     stage_set_problems,
     stages_named,
@@ -394,6 +395,37 @@ def test_chunked_prefill(case, server):
     for name in ("model.vision_encoder", "model.embed", "scheduler.batch", "scheduler.output"):
         assert "chunks" not in one(rec, name)["attrs"], ex.describe()
     assert rec["cache"] == {"preprocess": "miss", "embedding": "miss", "image_prefix_hit": False}, ex.describe()
+
+
+def test_parallel_sampling_gives_each_sample_a_whole_record(server):
+    """``n=2``: SGLang tokenizes the prompt under a rid it never sends, runs a prefix request
+    (``max_new_tokens=0``) and then the two samples, each under a new rid (the stream's chunk ids).
+    Each sample's record has the prompt's API stages and its own tokens, as ``usage`` counts them;
+    the prefix request's record is marked ``warmup`` (it ran the encoder); the exchange makes no
+    other record (before, the prompt's rids made two empty ``ok`` records without a TTFT)."""
+    img = _img(256, 256, seed=7010)
+    chunks, usage, _ = stream_chat(server.base_url, [image_message(Q1, [data_url(img.data)])], max_tokens=4, n=2)
+    sample_rids = sorted({c["id"] for c in chunks})
+    assert len(sample_rids) == 2 and usage is not None, chunks
+    found = records(server, sample_rids)
+    arrival = found[sample_rids[0]]["arrival_unix_s"]
+    exchange = [r for r in read_records(server.jsonl_path) if r["arrival_unix_s"] == arrival]
+    warm = [r for r in exchange if r["rid"] not in found]
+    assert len(exchange) == 3 and len(warm) == 1 and warm[0].get("warmup") is True, [r["rid"] for r in exchange]
+    assert "model.vision_encoder" in names(warm[0]) and warm[0]["output_tokens"] == 0
+    for rid in sample_rids:
+        rec = found[rid]
+        assert rec["status"] == "ok" and not rec.get("warmup") and rec["ttft_s"] > 0, pretty(rec)
+        assert {"tokenize", "mm.process", "mm.decode", "mm.resize_normalize", "dispatch"} <= set(names(rec)), pretty(
+            rec
+        )
+        assert (rec["prompt_tokens"], rec["cached_tokens"]) == (
+            usage["prompt_tokens"],
+            usage["prompt_tokens_details"]["cached_tokens"],
+        ), pretty(rec)
+        assert rec["cache"]["preprocess"] == "miss" and rec["images"][0]["width"] == 256, pretty(rec)
+        assert not bounds_problems(rec) and not order_problems(rec), pretty(rec)
+    assert sum(found[r]["output_tokens"] for r in sample_rids) == usage["completion_tokens"]
 
 
 def test_contract_stage_catalogue_is_what_the_cases_cover(exchanges, server):

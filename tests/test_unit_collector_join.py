@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_mmtrace.join.collector import build_record
+from sglang_mmtrace.join.collector import build_record, fold_parallel_sampling
 from sglang_mmtrace.join.context import ApiTrace
 from sglang_mmtrace.join.record import StageEvent
 
@@ -84,3 +84,50 @@ def test_per_image_stages_keep_one_interval_per_image() -> None:
     rec = build_record(tr, remote, "0.5.23", 0.0)
     decodes = [s for s in rec["stages"] if s["name"] == "mm.decode"]
     assert [round(s["dur_s"], 6) for s in decodes] == [0.002, 0.003] and all(not s["attrs"] for s in decodes)
+
+
+def _trace(rid: str, dispatched: bool, tokenized: bool, t_created: float) -> ApiTrace:
+    tr = ApiTrace(rid, None, "m", t_created=t_created)
+    tr.dispatched = dispatched
+    if tokenized:
+        tr.events = [StageEvent("tokenize", "api", t_created, t_created + 0.005)]
+        tr.images = [{"width": 256, "height": 256}]
+        tr.preprocess = ["miss"]
+    if dispatched:
+        tr.events.append(StageEvent("dispatch", "api", t_created + 0.01, t_created + 0.011))
+    return tr
+
+
+def test_parallel_sampling_folds_the_prompt_into_its_prefix_request_and_samples() -> None:
+    """``n=2`` on SGLang 0.5.23, as the API process ships it: the prompt's rids (one tokenized, both
+    never sent), the prefix request, then the two samples, in that order."""
+    p0, p1 = _trace("u_0", False, True, 1.0), _trace("u_1", False, False, 1.0)
+    warm, s1, s2 = _trace("w", True, False, 1.02), _trace("s1", True, False, 1.08), _trace("s2", True, False, 1.08)
+    kept, prompts = fold_parallel_sampling([p0, p1, warm, s1, s2])
+    assert kept == [warm, s1, s2] and prompts == [p0, p1]
+    assert warm.warmup and not s1.warmup and not s2.warmup
+    for tr in kept:
+        assert [e.name for e in tr.events] == ["tokenize", "dispatch"]
+        assert tr.t_created == 1.0 and tr.images == p0.images and tr.preprocess == ["miss"]
+
+
+def test_two_prompts_with_two_samples_each_map_in_sending_order() -> None:
+    prompts = [_trace(f"p{i}", False, True, float(i)) for i in range(2)] + [_trace("p2", False, False, 0.0)]
+    prompts += [_trace("p3", False, False, 0.0)]
+    sent = [_trace(r, True, False, 5.0) for r in ("w0", "w1", "a0", "a1", "b0", "b1")]
+    kept, dropped = fold_parallel_sampling(prompts + sent)
+    assert kept == sent and dropped == prompts
+    assert [tr.t_created for tr in kept] == [0.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    assert [tr.warmup for tr in kept] == [True, True, False, False, False, False]
+
+
+def test_other_exchanges_are_left_as_they_are() -> None:
+    batch = [_trace("a", True, True, 1.0), _trace("b", True, True, 1.0)]  # a batch of two prompts, n=1
+    assert fold_parallel_sampling(batch) == (batch, [])
+    failed = _trace("c", False, True, 1.0)
+    failed.error_class = "ValueError"  # tokenization failed: the prompts after it were never reached
+    late = [_trace("a", True, True, 1.0), failed, _trace("d", False, False, 1.0)]
+    assert fold_parallel_sampling(late) == (late, [])
+    assert not any(tr.warmup for tr in late)
+    one = [_trace("x", False, True, 1.0)]
+    assert fold_parallel_sampling(one) == (one, [])

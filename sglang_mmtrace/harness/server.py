@@ -373,17 +373,18 @@ def stream_chat(
     messages: Sequence[Mapping[str, Any]],
     max_tokens: int = 8,
     timeout: float = 120.0,
+    **extra: Any,
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bytes]:
     """POST a streamed, greedy ``/v1/chat/completions`` and parse its SSE stream (stdlib only).
 
     Returns ``(chunks, usage, raw_bytes)``: every ``data:`` JSON object in order (``[DONE]``
     excluded), the last non-null ``usage`` (needs ``include_usage``), and the raw body so a test
-    can assert on the exact wire format.
+    can assert on the exact wire format. ``extra`` adds body fields (``chat_request``), e.g. ``n=2``.
     """
     url = urlsplit(base_url)
     if url.scheme != "http" or url.hostname is None:
         raise ValueError(f"expected an http:// base URL, got {base_url!r}")
-    body = json.dumps(chat_request(messages, max_tokens)).encode("utf-8")
+    body = json.dumps(chat_request(messages, max_tokens, **extra)).encode("utf-8")
     conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout)
     try:
         conn.request(

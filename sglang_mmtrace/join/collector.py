@@ -264,6 +264,9 @@ class Collector:
                     self._remote_seen.setdefault(rid, t)  # the orphan clock starts here
 
     def _on_traces(self, traces: list[ApiTrace], pid: int | None = None) -> None:
+        traces, prompts = fold_parallel_sampling(traces)
+        for prompt in prompts:
+            self._forget(prompt.rid)
         for trace in traces:
             if trace.discard or "records" not in self._setting_of(trace).enabled:
                 self._forget(trace.rid)
@@ -436,6 +439,41 @@ class Collector:
         }
 
 
+def fold_parallel_sampling(traces: list[ApiTrace]) -> tuple[list[ApiTrace], list[ApiTrace]]:
+    """SGLang's parallel sampling (``n > 1``) as one exchange's traces show it: ``(requests, prompts)``.
+
+    The TokenizerManager tokenizes each prompt under a rid of its own but never sends that request.
+    It sends a prefix request (``max_new_tokens=0``, a new rid) per prompt and waits for it, then the
+    ``n`` samples of each prompt (new rids); the traces were made in that order. Each prefix request
+    and sample takes its prompt's API stages (tokenization, the multimodal processor) and facts
+    (images, preprocessing cache, creation time), so its record has them. The prefix request is
+    marked ``warmup``: its record shows the prompt's first pass (the vision encoder runs there), and
+    metrics and ``report`` leave it out. Its time is unattributed in the samples' records, which
+    waited for it. The prompts make no record. Any other exchange comes back as it was: a prompt is a
+    trace never dispatched, though tokenized without an error, beside traces that were dispatched.
+    """
+    if len(traces) < 2:
+        return traces, []
+    prompts = [t for t in traces if not t.dispatched and t.events and t.error_class is None and t.tm_error is None]
+    sent = [t for t in traces if t.dispatched]
+    if not prompts or not sent:
+        return traces, []
+    n = max(1, (len(sent) - len(prompts)) // len(prompts))  # samples per prompt
+    for i, trace in enumerate(sent):
+        k = i if i < len(prompts) else (i - len(prompts)) // n
+        prompt = prompts[min(k, len(prompts) - 1)]
+        trace.events = prompt.events + trace.events
+        trace.t_created = prompt.t_created
+        trace.images = trace.images or prompt.images
+        trace.preprocess = trace.preprocess or prompt.preprocess
+        if trace.content is None:
+            trace.content = prompt.content
+        if i < len(prompts):
+            trace.warmup = True
+    unsent = [t for t in traces if not t.dispatched and t.error_class is None and t.tm_error is None]
+    return [t for t in traces if t not in unsent], unsent
+
+
 def _status(trace: ApiTrace) -> tuple[str, str | None]:
     http = trace.http
     if http is not None:
@@ -472,10 +510,15 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     events.extend(joined)
     status, error = _status(trace)
     t_first = http.t_first_body if http is not None else trace.t_first_output
+    if t_first is not None and trace.t_first_output is not None and trace.t_first_output > t_first:
+        # A later request of its exchange (a batch, or a sample of n > 1): the exchange's first bytes
+        # were another request's. Its own first chunk's write is not timed: its TTFT ends when the
+        # API process had its first output.
+        t_first = trace.t_first_output
     ttft = None
     if trace.t_first_output is not None and t_first is not None and status != "error":
         ttft = t_first - arrival
-        if http is not None:
+        if http is not None and t_first > trace.t_first_output:
             events.append(StageEvent("response.first_chunk", API, trace.t_first_output, t_first))
         events.append(StageEvent(ROOT, API, arrival, t_first))
     t_end = (http.t_last_body if http is not None else None) or trace.t_finished
