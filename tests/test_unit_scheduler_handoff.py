@@ -146,3 +146,24 @@ def test_the_overlap_scheduler_launches_the_next_chunk_before_the_last_ones_resu
     assert forwards[0][2] == first_ctx.t0  # the first chunk's forward, filed with the first result
     assert [e[1] for e in box.sent].count("scheduler.output") == 1
     assert req._mmtrace.fwd is None and req._mmtrace.fwd_next is None and req._mmtrace.first_token
+
+
+def test_a_mixed_batch_decode_step_is_no_part_of_the_prefill(box: Box) -> None:
+    """``--enable-mixed-chunk`` on the CPU server: the last chunk's sampled token was not on record
+    yet (its result comes after the next launch) when a mixed batch decoded the request, and the
+    record had a third forward, with an ``overlap_wait`` past the request's TTFT."""
+    req = Req("A")
+    hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (req,), {})
+    mode = SimpleNamespace(is_extend=lambda: True)
+    last_chunk = SimpleNamespace(reqs=[req], forward_mode=mode, decoding_reqs=None)
+    run, result = hook("scheduler.run_batch", scheduler), hook("batch_result.prefill", batch_result)
+    run(lambda b: "result", None, (last_chunk,), {})
+    other = Req("B")
+    hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (other,), {})
+    mixed = SimpleNamespace(reqs=[other, req], forward_mode=mode, decoding_reqs=[req])
+    run(lambda b: "result", None, (mixed,), {})
+    assert req._mmtrace.fwd_next is None and other._mmtrace.fwd.rids == ("B",)
+    req.output_ids = [7]
+    result(lambda b, res: res, None, (last_chunk, "r"), {})
+    assert [e[0] for e in box.sent if e[1] == "model.forward"] == [("A",)]
+    assert req._mmtrace.fwd is None and req._mmtrace.first_token

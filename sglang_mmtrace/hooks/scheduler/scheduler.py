@@ -54,9 +54,13 @@ def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
         return None
     t = ss.now()
     traces = []
+    # --enable-mixed-chunk: a prefill batch also carries running requests' decode steps. A request
+    # whose last chunk's result is not processed yet (overlap) has no first token on record, though
+    # this step decodes it: it is no part of the prefill.
+    decoding = {id(r) for r in batch.decoding_reqs} if getattr(batch, "decoding_reqs", None) else ()
     for r in batch.reqs:
         tr = getattr(r, "_mmtrace", None)
-        if tr is not None and not tr.first_token:
+        if tr is not None and not tr.first_token and not (decoding and id(r) in decoding):
             if not tr.admitted:
                 admit(r, tr, t)
             traces.append(tr)
