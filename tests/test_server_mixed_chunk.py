@@ -13,7 +13,7 @@ import threading
 
 import pytest
 from conftest import records, server_context, start_server
-from record_checks import bounds_problems, order_problems, usage_problems
+from record_checks import bounds_problems, one, order_problems, usage_problems
 
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.harness import data_url, image_message, make_image, stream_chat
@@ -56,7 +56,7 @@ def test_chunked_prefills_in_mixed_batches_keep_one_interval_per_stage(mixed_ser
         problems = bounds_problems(rec) + order_problems(rec) + usage_problems(rec, usage)
         assert not problems, f"{rid}: {problems}"
         uncached = rec["prompt_tokens"] - rec["cached_tokens"]
-        forward = next(s for s in rec["stages"] if s["name"] == "model.forward")
+        forward = one(rec, "model.forward")
         # a mixed batch's prefill budget is what its decode rows leave: at least this many chunks
         assert forward["attrs"].get("chunks", 1) >= math.ceil(uncached / CHUNK), f"{rid}: {forward}"
         chunked += uncached > CHUNK

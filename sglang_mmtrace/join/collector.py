@@ -454,7 +454,8 @@ def fold_parallel_sampling(traces: list[ApiTrace]) -> tuple[list[ApiTrace], list
     """
     if len(traces) < 2:
         return traces, []
-    prompts = [t for t in traces if not t.dispatched and t.events and t.error_class is None and t.tm_error is None]
+    unsent = [t for t in traces if not t.dispatched and t.error_class is None and t.tm_error is None]
+    prompts = [t for t in unsent if t.events]
     sent = [t for t in traces if t.dispatched]
     if not prompts or not sent:
         return traces, []
@@ -470,8 +471,8 @@ def fold_parallel_sampling(traces: list[ApiTrace]) -> tuple[list[ApiTrace], list
             trace.content = prompt.content
         if i < len(prompts):
             trace.warmup = True
-    unsent = [t for t in traces if not t.dispatched and t.error_class is None and t.tm_error is None]
-    return [t for t in traces if t not in unsent], unsent
+    dropped = {id(t) for t in unsent}
+    return [t for t in traces if id(t) not in dropped], unsent
 
 
 def _status(trace: ApiTrace) -> tuple[str, str | None]:
