@@ -108,6 +108,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
+    torch.cuda.init()  # the marks use CUDA only once the process has (``device_marks``: None before)
     cuda_marks = load(PLUGIN_MARKS)
     marks = cuda_marks.device_marks()
     assert marks is not None, "no CUDA runtime found for the plugin's marks"
