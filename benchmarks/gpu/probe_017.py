@@ -16,6 +16,18 @@ rounds back to back (no gap), ``--max-tokens`` output tokens per request: what t
 under load, where requests overlap and its objects pile up (the garbage collector's share).
 ``--cpu``: the CPU demo server instead (a smoke test of the probe here, or the CPU side of the
 measurement).
+
+``--paired N``: where the plugin's cost lands, request by request. The server's probe times SGLang's
+own functions (every hook's target, under the hook, in both arms: ``MMTRACE_PROBE_SEGMENTS``); the
+client sends N rounds of new image / same image / text, each kind once per arm, the switch flipped
+before every request and the leading arm alternating by round, as ``bench --experiment overhead``
+does. Each timed call's part inside its request's TTFT window (from just before the request was
+written to the first chunk's arrival; ``perf_counter`` is one clock for the machine's processes) is
+summed per request and target; the on-minus-off differences, paired by round, give a median with a
+bootstrap 95% interval per target, beside the client's TTFT. A target whose SGLang time grows with
+the plugin on shows where the cost lands: in the plugin's nested hooks (an outer target's time
+holds the hooks of the targets it calls) or in SGLang's own code run slower. Writes
+``OUTDIR/paired.json`` and ``OUTDIR/paired.lines.jsonl`` (the requests).
 """
 
 from __future__ import annotations
@@ -32,7 +44,8 @@ from typing import Any
 
 from sglang_mmtrace.bench import procs, switchctl
 from sglang_mmtrace.bench.client import timed_chat
-from sglang_mmtrace.bench.overhead import Workload
+from sglang_mmtrace.bench.overhead import KINDS, Workload, arm_order
+from sglang_mmtrace.bench.stats import bootstrap_median_ci
 from sglang_mmtrace.bench.targets import LaunchConfig, default_config, launched
 from sglang_mmtrace.harness import SHIMS_DIR
 from sglang_mmtrace.harness.random_model import ensure_model
@@ -93,6 +106,100 @@ def diff(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, Any]:
     }
 
 
+def run_paired(base_url: str, workload: Workload, rounds: int, gap_s: float, max_tokens: int) -> list[dict[str, Any]]:
+    """``rounds`` rounds of each kind in both arms (``arm_order``), the switch set before each request
+    and ``gap_s`` idle before it; each request's TTFT window on ``perf_counter``."""
+    sent = []
+    for r in range(rounds):
+        for kind in KINDS:
+            for arm in arm_order(r):
+                switchctl.set_level(base_url, level(arm))
+                time.sleep(gap_s)
+                msgs = workload.messages(kind, r, f"paired {arm}")
+                t_send = time.perf_counter()
+                res = timed_chat(base_url, msgs, max_tokens)
+                sent.append({"round": r, "kind": kind, "arm": arm, "t_send": t_send, "ttft_s": res["ttft_s"]})
+    return sent
+
+
+def collect_calls(probe_dir: Path, pids: dict[int, str], timeout_s: float = 30.0) -> dict[str, dict[str, list[float]]]:
+    """Touch ``dump-calls`` and read every probed process's ``<pid>.calls.json`` written after it:
+    role -> target -> flat [start, end, ...] (a role's several processes merged)."""
+    trigger = probe_dir / "dump-calls"
+    trigger.write_text(str(time.time()))
+    stamp = trigger.stat().st_mtime
+    found: dict[int, dict[str, Any]] = {}
+    t_end = time.time() + timeout_s
+    while time.time() < t_end and len(found) < len(pids):
+        for pid in pids:
+            path = probe_dir / f"{pid}.calls.json"
+            if pid not in found and path.exists():
+                data = json.loads(path.read_text())
+                if data.get("trigger") == stamp:
+                    found[pid] = data
+        time.sleep(0.5)
+    out: dict[str, dict[str, list[float]]] = {}
+    for pid, data in found.items():
+        for target, flat in data["calls"].items():
+            out.setdefault(pids[pid], {}).setdefault(target, []).extend(flat)
+    return out
+
+
+def in_windows(flat: list[float], windows: list[tuple[float, float]]) -> list[tuple[float, int]]:
+    """Per window (start, end): the seconds the calls overlap it, and how many calls overlap it."""
+    import bisect
+
+    calls = sorted(zip(flat[0::2], flat[1::2], strict=True))
+    starts = [c[0] for c in calls]
+    out = []
+    for w0, w1 in windows:
+        total, n = 0.0, 0
+        for c0, c1 in calls[bisect.bisect_left(starts, w0 - 5.0) : bisect.bisect_left(starts, w1)]:
+            overlap = min(c1, w1) - max(c0, w0)
+            if overlap > 0:
+                total += overlap
+                n += 1
+        out.append((total, n))
+    return out
+
+
+def paired_table(sent: list[dict[str, Any]], calls: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """Per kind: the client's TTFT and each target's time inside the TTFT window, on vs off, paired by round."""
+    windows = [(s["t_send"], s["t_send"] + s["ttft_s"]) for s in sent]
+    series: dict[str, list[float]] = {"client.ttft": [s["ttft_s"] for s in sent]}
+    counts: dict[str, list[int]] = {"client.ttft": [1] * len(sent)}
+    for role, targets in calls.items():
+        for target, flat in targets.items():
+            got = in_windows(flat, windows)
+            series[f"{role}:{target}"] = [g[0] for g in got]
+            counts[f"{role}:{target}"] = [g[1] for g in got]
+    result: dict[str, Any] = {}
+    for kind in KINDS:
+        idx = {(s["round"], s["arm"]): i for i, s in enumerate(sent) if s["kind"] == kind}
+        rounds = sorted({r for r, _ in idx if (r, "on") in idx and (r, "off") in idx})
+        rows = {}
+        for key, xs in series.items():
+            on = [xs[idx[(r, "on")]] for r in rounds]
+            off = [xs[idx[(r, "off")]] for r in rounds]
+            if not any(on) and not any(off):
+                continue
+            deltas = [a - b for a, b in zip(on, off, strict=True)]
+            lo, hi = bootstrap_median_ci(deltas)
+            calls_on = [counts[key][idx[(r, "on")]] for r in rounds]
+            rows[key] = {
+                "on_ms": round(quantile(on, 0.5) * 1e3, 4),
+                "off_ms": round(quantile(off, 0.5) * 1e3, 4),
+                "delta_us": round(quantile(deltas, 0.5) * 1e6, 1),
+                "delta_ci95_us": [round(lo * 1e6, 1), round(hi * 1e6, 1)],
+                "calls_per_request": round(sum(calls_on) / max(1, len(calls_on)), 2),
+            }
+        result[kind] = {
+            "pairs": len(rounds),
+            "targets": dict(sorted(rows.items(), key=lambda kv: -abs(kv[1]["delta_us"]))),
+        }
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -105,6 +212,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=1, help="clients at once (1: one request at a time)")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--cpu", action="store_true", help="the CPU demo server (no GPU)")
+    ap.add_argument("--paired", type=int, default=0, help="N rounds switch-flipped per request (see above)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,6 +223,8 @@ def main() -> int:
         "PYTHONPATH": os.pathsep.join(p for p in (str(PROBE), os.environ.get("PYTHONPATH", "")) if p),
         "SGLANG_MMTRACE_JSONL": str(out / "records.jsonl"),
     }
+    if args.paired:
+        env["MMTRACE_PROBE_SEGMENTS"] = "1"
     if args.cpu:
         env["PYTHONPATH"] = os.pathsep.join((str(PROBE), str(SHIMS_DIR), os.environ.get("PYTHONPATH", "")))
         cfg = LaunchConfig("cpu demo config probed", default_config(False).args, env)
@@ -129,6 +239,26 @@ def main() -> int:
         log(f"processes {roles}")
         for i in range(5):  # warm-up (JIT)
             timed_chat(target.base_url, workload.messages("new_image", -1 - i, "warm-up"))
+        if args.paired:
+            rounds = args.paired
+            left = args.deadline - time.time() - 40
+            per_round = 6 * (0.1 + args.gap_ms / 1000) + (0.3 if args.cpu else 0.1)
+            if rounds * per_round > left:
+                rounds = max(1, int(left / per_round))
+                log(f"paired: {rounds} rounds fit before the deadline (asked {args.paired})")
+            sent = run_paired(target.base_url, workload, rounds, args.gap_ms / 1000, args.max_tokens)
+            switchctl.set_level(target.base_url, tuple(switchctl.PARTS))
+            pids = {pid: role for role, ps in roles.items() for pid in ps}
+            calls = collect_calls(probe_dir, pids)
+            (out / "paired.lines.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sent))
+            table = paired_table(sent, calls)
+            (out / "paired.json").write_text(json.dumps(table, indent=1))
+            for kind, res in table.items():
+                log(f"{kind}: {res['pairs']} pairs")
+                for key, row in list(res["targets"].items())[:25]:
+                    log(f"  {key:60s} on {row['on_ms']:9.3f} off {row['off_ms']:9.3f} ms  delta {row['delta_us']:+8.1f} us "
+                        f"{row['delta_ci95_us']}  calls {row['calls_per_request']}")  # fmt: skip
+            return 0
         for b, arm in enumerate(args.arms.split(",")):
             if time.time() + args.rounds * args.concurrency * 0.2 + 10 > args.deadline:
                 log(f"stopping before block {b}: deadline")

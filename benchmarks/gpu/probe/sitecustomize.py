@@ -21,6 +21,12 @@ In every Python process that has ``MMTRACE_PROBE_DIR`` set, it:
   ``ReqTrace``, ``FwdCtx``), runs a full collection and counts again, appending a line to
   ``MMTRACE_PROBE_DIR/<pid>.live.txt`` (``benchmarks/results/gc-cpu-20261201/live_check.py``).
 
+With ``MMTRACE_PROBE_SEGMENTS=1`` it times SGLang's own functions instead (each hook's target, under
+the plugin's hook, in both arms of the switch: ``_segment_timer``), keeps every call's start and end,
+and writes them to ``<pid>.calls.json`` when the driver touches ``MMTRACE_PROBE_DIR/dump-calls``
+(``probe_017.py --paired``); the hooks and the CUDA helpers are then left untimed, so that the
+plugin-on arm carries no probe cost the off arm does not.
+
 The driver reads the files before and after a block of requests and divides the differences by the
 requests. Never fails the host: any error leaves the process unprobed. A ``sitecustomize`` further
 along ``sys.path`` (the CPU harness's shims) still runs, after the probe.
@@ -33,6 +39,7 @@ import os
 if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") != str(os.getpid()):
     os.environ["MMTRACE_PROBE_PID"] = str(os.getpid())  # once per process, however often this runs
     try:
+        import contextlib
         import gc
         import json
         import sys
@@ -168,10 +175,75 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
         import sglang_mmtrace.plugin as _plugin  # imports ``apply`` by name: replace it there
 
         _apply = _patch.apply
+        _segments = os.environ.get("MMTRACE_PROBE_SEGMENTS") == "1"
+        _calls: dict[str, list[float]] = {}  # target's hook id -> [start, end, start, end, ...]
+        _CALLS_MAX = 400_000
+
+        def _segment_timer(hook_id, res) -> None:
+            """Time SGLang's own function under the plugin's hook, in both arms: the timer replaces
+            the target before the plugin hooks it, so the plugin's hook wraps the timer and the switch
+            puts the timer (the hook's "original") back while off. Each call's start and end
+            (``perf_counter``) go into a flat list. The scheduler's receive poll (thousands of calls
+            per request, idle time) is left untimed; a target already timed (a second hook on it,
+            whose original is the first hook, carrying the mark by ``update_wrapper``) is not timed
+            twice."""
+            import functools
+            import types
+
+            original = res.original
+            raw = original.__func__ if isinstance(original, staticmethod | classmethod) else original
+            if hook_id == "scheduler.recv_requests" or not isinstance(raw, types.FunctionType):
+                return
+            if getattr(raw, "_mmtrace_probe_seg", False):
+                return
+            kind = _patch.kind_of(original)
+            buf = _calls.setdefault(hook_id, [])
+            if kind == "async":
+
+                async def timer(*a, **k):
+                    t0 = _now()
+                    try:
+                        return await raw(*a, **k)
+                    finally:
+                        if len(buf) < _CALLS_MAX:
+                            buf.extend((t0, _now()))
+
+            elif kind == "sync":
+
+                def timer(*a, **k):
+                    t0 = _now()
+                    try:
+                        return raw(*a, **k)
+                    finally:
+                        if len(buf) < _CALLS_MAX:
+                            buf.extend((t0, _now()))
+
+            else:
+                return
+            functools.update_wrapper(timer, raw)
+            timer._mmtrace_probe_seg = True
+            new = timer
+            if isinstance(original, staticmethod):
+                new = staticmethod(timer)
+            elif isinstance(original, classmethod):
+                new = classmethod(timer)
+            setattr(res.owner, res.attr, new)
+            if isinstance(res.owner, types.ModuleType):  # names imported elsewhere, as patch.apply re-binds
+                for mod in list(sys.modules.values()):
+                    try:
+                        items = list(vars(mod).items()) if isinstance(mod, types.ModuleType) else ()
+                    except TypeError:
+                        continue
+                    for name, value in items:
+                        if value is original and mod is not res.owner:
+                            setattr(mod, name, new)
 
         def _probed_apply(hook_id, target, wrapper, enabled=None):
-            kind = _patch.kind_of(_patch.resolve(target).original)
-            return _apply(hook_id, target, _timed(hook_id, kind, wrapper), enabled)
+            res = _patch.resolve(target)
+            if _segments:  # SGLang's own calls timed, the plugin's hooks as they are
+                _segment_timer(hook_id, res)
+                return _apply(hook_id, target, wrapper, enabled)
+            return _apply(hook_id, target, _timed(hook_id, _patch.kind_of(res.original), wrapper), enabled)
 
         _patch.apply = _plugin.apply = _probed_apply
 
@@ -207,15 +279,36 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
         import sglang_mmtrace.hooks.cuda_marks as _cm
 
         # (the current stream is torch's binding, called directly: an instance attribute, not timed)
-        for _name in ("capturing", "create", "record", "elapsed_ms", "current_device"):
-            setattr(_cm.Runtime, _name, _timed_call(f"cuda.rt.{_name}", getattr(_cm.Runtime, _name)))
-        for _name in ("mark", "elapsed_s"):
-            setattr(_cm.Marks, _name, _timed_call(f"cuda.marks.{_name}", getattr(_cm.Marks, _name), _name == "mark"))
-        _cm.device_marks = _timed_call("cuda.device_marks", _cm.device_marks)
+        if not _segments:
+            for _name in ("capturing", "create", "record", "elapsed_ms", "current_device"):
+                setattr(_cm.Runtime, _name, _timed_call(f"cuda.rt.{_name}", getattr(_cm.Runtime, _name)))
+            for _name in ("mark", "elapsed_s"):
+                setattr(
+                    _cm.Marks, _name, _timed_call(f"cuda.marks.{_name}", getattr(_cm.Marks, _name), _name == "mark")
+                )
+            _cm.device_marks = _timed_call("cuda.device_marks", _cm.device_marks)
+
+        def _dump_calls(seen: list[float]) -> None:
+            """When the driver touches ``dump-calls`` (again), write the timed calls to ``<pid>.calls.json``."""
+            trigger = os.path.join(_dir, "dump-calls")
+            try:
+                stamp = os.stat(trigger).st_mtime
+            except OSError:
+                return
+            if stamp == seen[0]:
+                return
+            seen[0] = stamp
+            path = os.path.join(_dir, f"{os.getpid()}.calls.json")
+            with open(f"{path}.tmp", "w") as f:
+                json.dump({"pid": os.getpid(), "trigger": stamp, "calls": {k: list(v) for k, v in _calls.items()}}, f)
+            os.replace(f"{path}.tmp", path)
 
         def _dump() -> None:
             path = os.path.join(_dir, f"{os.getpid()}.json")
+            seen = [0.0]
             while True:
+                with contextlib.suppress(Exception):
+                    _dump_calls(seen)
                 try:
                     t = os.times()
                     state = {
