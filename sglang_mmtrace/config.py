@@ -23,7 +23,8 @@ class Config:
     metrics_port: int = _D["metrics_port"]
     exemplars: bool = _D["exemplars"]
     nvtx: bool = _D["nvtx"]
-    gpu_timing: bool = _D["gpu_timing"]
+    gpu_timing: str = _D["gpu_timing"]
+    """``environment_variables.GPU_TIMING_LEVELS``: "0", "1" (the scheduler's GPU stages), "all"."""
     capture_content: bool = _D["capture_content"]
     grace_s: float = _D["grace_s"]
     test_raise: frozenset[str] = _D["test_raise"]

@@ -69,6 +69,11 @@ def test_defaults_are_the_contracts(monkeypatch):
         ({"SGLANG_MMTRACE_GRACE_S": "0"}, {"grace_s": 0.05}),
         ({"SGLANG_MMTRACE_GRACE_S": "x"}, {"grace_s": 2.0}),
         ({"SGLANG_MMTRACE_CAPTURE_CONTENT": "1"}, {"capture_content": True}),
+        ({"SGLANG_MMTRACE_GPU_TIMING": "all"}, {"gpu_timing": "all"}),
+        ({"SGLANG_MMTRACE_GPU_TIMING": "ALL "}, {"gpu_timing": "all"}),
+        ({"SGLANG_MMTRACE_GPU_TIMING": "off"}, {"gpu_timing": "0"}),
+        ({"SGLANG_MMTRACE_GPU_TIMING": "true"}, {"gpu_timing": "1"}),
+        ({"SGLANG_MMTRACE_GPU_TIMING": "api"}, {"gpu_timing": "1"}),  # unknown: the default
         ({"SGLANG_MMTRACE_TEST_RAISE": "a, b,,"}, {"test_raise": frozenset({"a", "b"})}),
     ],
 )

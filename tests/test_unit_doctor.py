@@ -129,7 +129,7 @@ def test_no_endpoint_no_otlp_check_exit_zero(monkeypatch, capsys):
 
 
 def test_sinks_off_say_off(monkeypatch, capsys):
-    cfg = Config(jsonl_path="/tmp/r.jsonl", metrics=False, nvtx=False, gpu_timing=False)
+    cfg = Config(jsonl_path="/tmp/r.jsonl", metrics=False, nvtx=False, gpu_timing="0")
     rc, out, _ = _run(monkeypatch, capsys, cfg)
     assert rc == 0
     assert _sink_line(out, "jsonl").split()[1] == "/tmp/r.jsonl"

@@ -180,7 +180,7 @@ def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     monkeypatch.setattr(tc, "synchronize", lambda device=None: fake.sync("torch.cuda.synchronize"))
     monkeypatch.setattr(tc.Stream, "synchronize", lambda self: fake.sync("torch.cuda.Stream.synchronize"))
     monkeypatch.setattr(tc.Event, "synchronize", lambda self: fake.sync("torch.cuda.Event.synchronize"))
-    monkeypatch.delenv("SGLANG_MMTRACE_GPU_TIMING", raising=False)
+    monkeypatch.setenv("SGLANG_MMTRACE_GPU_TIMING", "all")  # the API's marks too (the default: the scheduler's)
     monkeypatch.delenv("SGLANG_MMTRACE_TEST_RAISE", raising=False)
     config.reset()
     # a fake perf_counter: 10 ms a call (base.interval, the scheduler state)
@@ -199,9 +199,13 @@ def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     assert dict(telemetry.errors) == errors_before, "plugin code failed (contained)"
 
 
-def gpu_timing_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SGLANG_MMTRACE_GPU_TIMING", "0")
+def gpu_timing(monkeypatch: pytest.MonkeyPatch, level: str) -> None:
+    monkeypatch.setenv("SGLANG_MMTRACE_GPU_TIMING", level)
     config.reset()
+
+
+def gpu_timing_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu_timing(monkeypatch, "0")
 
 
 # -- API process: the 0.5.17 resize and cuda_ipc hooks -------------------------------------------
@@ -477,12 +481,13 @@ def test_resize_outside_a_request_scope_is_filed_on_the_tms_trace(cuda: FakeCuda
     assert st.clock == "cuda" and st.t1 - st.t0 == pytest.approx(0.040)
 
 
-@pytest.mark.parametrize("why", ["gpu_timing_off", "capturing", "not_initialized", "not_available"])
+@pytest.mark.parametrize("why", ["gpu_timing_off", "default_level", "capturing", "not_initialized", "not_available"])
 def test_no_events_means_a_host_timed_stage(
     why: str, cuda: FakeCuda, log: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if why == "gpu_timing_off":
-        gpu_timing_off(monkeypatch)
+    """``default_level``: ``SGLANG_MMTRACE_GPU_TIMING=1`` (unset) marks the scheduler's GPU stages, not the API's."""
+    if why in ("gpu_timing_off", "default_level"):
+        gpu_timing(monkeypatch, "0" if why == "gpu_timing_off" else "1")
     cuda.capturing_now = why == "capturing"
     cuda.initialized = why != "not_initialized"
     cuda.available = why != "not_available"
@@ -606,6 +611,13 @@ def test_clock_records_on_the_current_stream_and_maps_to_host_time(cuda: FakeCud
     assert clock.host(mark) == pytest.approx(t_ref + 0.0075)
     assert clock.host(mark) == pytest.approx(t_ref + 0.0075) and cuda.reads == 1  # read once
     assert clock.host(123.0) == 123.0  # host marks pass as they are
+
+
+@pytest.mark.parametrize("level", ["1", "all"])
+def test_the_scheduler_marks_at_every_level_but_0(level: str, cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu_timing(monkeypatch, level)
+    clock = ss.Clock(0.0)
+    assert clock.marks is not None and isinstance(clock.mark(), int) and len(cuda.events) == 1
 
 
 def test_clock_mark_on_shares_the_last_mark_until_the_forward_returns(cuda: FakeCuda) -> None:

@@ -197,12 +197,13 @@ def _nvtx_state(cfg: config.Config) -> str:
 
 
 def _gpu_timing_state(cfg: config.Config) -> str:
-    if not cfg.gpu_timing:
+    if cfg.gpu_timing == "0":
         return "off (SGLANG_MMTRACE_GPU_TIMING=0)"
+    which = "the scheduler's and the API's" if cfg.gpu_timing == "all" else "the scheduler's (the API's: all)"
     import torch  # SGLang's own dependency
 
     if torch.cuda.is_available():
-        return "on; CUDA available here: GPU stages are timed with CUDA events"
+        return f"on; CUDA available here: {which} GPU stages are timed with CUDA events"
     return "on; CUDA not available here: GPU stages are timed on the host clock"
 
 

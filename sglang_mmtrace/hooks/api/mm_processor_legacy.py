@@ -16,12 +16,16 @@ share by reference; per-call state on a worker thread lives in a thread-local.
 
 Stages: ``mm.process`` (the request scope, ``process_mm_data_async`` as a whole), ``mm.load``
 (base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of ``_load_single_item``),
-``mm.resize_normalize`` (``process_mm_data``; when the fast processor runs on the GPU it ends where
-its GPU work does: a CUDA event mark (``cuda_marks``) read when the request has finished,
-``ApiTrace.add_gpu``, never waited for), ``mm.expand`` (once per request: the padded ids and M-RoPE
+``mm.resize_normalize`` (``process_mm_data``; host-timed, or with ``SGLANG_MMTRACE_GPU_TIMING=all``,
+when the fast processor runs on the GPU, ending where its GPU work does: a CUDA event mark
+(``cuda_marks``) read when the request has finished, ``ApiTrace.add_gpu``, never waited for), ``mm.expand`` (once per request: the padded ids and M-RoPE
 positions on EL; the offsets and per-image split before it on PROC are its ``split_s`` attribute,
 their time inside ``mm.process``, because the ``cuda_ipc`` copies come between the two parts) and
-``transport.prepare`` (``cuda_ipc``: the pool slice copies, marked the same way). The TM computes no
+``transport.prepare`` (``cuda_ipc``: the pool slice copies, host-timed or marked the same way).
+Why the API's marks are not the default: on the H200 they cost an image request ~0.2 ms of TTFT on
+the PROC thread, its critical path (the marks' own time and SGLang's processor slowed behind them),
+to move two stages' ends by their GPU tails, ~0.05 and ~0.02 ms of an ~8 ms processor call
+(``benchmarks/results/paired-probe-h200-20261204/``). The TM computes no
 content hash on 0.5.17 (the scheduler hashes pixels), so ``images[].content_hash`` is empty.
 """
 
@@ -249,11 +253,12 @@ def _ipc_start(instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _events_start(instance: Any) -> Any:
-    """The reference that will place the call's end mark: the device's recent one (the call's start is
-    then its host time, with no mark), else a mark taken now and made the device's reference. Each
+    """With the API's GPU timing on (``SGLANG_MMTRACE_GPU_TIMING=all``), the reference that will place
+    the call's end mark: the device's recent one (the call's start is then its host time, with no
+    mark), else a mark taken now and made the device's reference; None (host-timed) otherwise. Each
     mark is a CUDA call holding the GIL on a PROC thread (50-70 µs for the first after the GPU idled,
     ``benchmarks/results/probe-h200-20261201/``), so most image requests make one per stage."""
-    if not (config.get().gpu_timing and switch.on("cuda_events")) or _trace() is None:
+    if not (config.get().gpu_timing == "all" and switch.on("cuda_events")) or _trace() is None:
         return None
     marks = cuda_marks.device_marks(int(getattr(getattr(instance, "server_args", None), "base_gpu_id", 0) or 0))
     if marks is None:

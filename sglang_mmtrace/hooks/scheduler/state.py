@@ -82,7 +82,7 @@ class Clock:
         self.last: int | float | None = None
         """The last mark, until ``run_batch`` returns (``mark_on``)."""
         self._host: dict[int, float] | None = None
-        if config.get().gpu_timing and switch.on("cuda_events"):
+        if config.get().gpu_timing != "0" and switch.on("cuda_events"):
             marks = self.marks = cuda_marks.device_marks()
             if marks is not None:
                 self.ref = marks.reference(t_launch)
