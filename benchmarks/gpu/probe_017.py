@@ -163,6 +163,55 @@ def in_windows(flat: list[float], windows: list[tuple[float, float]]) -> list[tu
     return out
 
 
+def first_in_windows(flat: list[float], windows: list[tuple[float, float]]) -> list[tuple[float, float] | None]:
+    """Per window: (start, end) of the first call that starts inside it, relative to the window's start."""
+    import bisect
+
+    calls = sorted(zip(flat[0::2], flat[1::2], strict=True))
+    starts = [c[0] for c in calls]
+    out: list[tuple[float, float] | None] = []
+    for w0, w1 in windows:
+        i = bisect.bisect_left(starts, w0)
+        out.append((calls[i][0] - w0, calls[i][1] - w0) if i < len(calls) and calls[i][0] < w1 else None)
+    return out
+
+
+def checkpoints(sent: list[dict[str, Any]], calls: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """Per kind: when each target's first call in the TTFT window starts and ends, after the request
+    was written, on vs off paired by round, in the order of the off arm's times. Where the on-minus-off
+    difference grows between two consecutive points, the plugin's cost lies between them (a
+    duration's difference cannot show the cost of hooks no timed call encloses)."""
+    windows = [(s["t_send"], s["t_send"] + s["ttft_s"]) for s in sent]
+    points: dict[str, list[float | None]] = {"client.first_chunk": [s["ttft_s"] for s in sent]}
+    for role, targets in calls.items():
+        for target, flat in targets.items():
+            got = first_in_windows(flat, windows)
+            points[f"{role}:{target} start"] = [g[0] if g else None for g in got]
+            points[f"{role}:{target} end"] = [g[1] if g else None for g in got]
+    result: dict[str, Any] = {}
+    for kind in KINDS:
+        idx = {(s["round"], s["arm"]): i for i, s in enumerate(sent) if s["kind"] == kind}
+        rounds = sorted({r for r, _ in idx if (r, "on") in idx and (r, "off") in idx})
+        rows = []
+        for key, xs in points.items():
+            pairs = [(xs[idx[(r, "on")]], xs[idx[(r, "off")]]) for r in rounds]
+            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+            if len(pairs) < 0.9 * len(rounds):
+                continue  # not a point every request of this kind passes
+            deltas = [a - b for a, b in pairs]
+            lo, hi = bootstrap_median_ci(deltas)
+            rows.append(
+                {
+                    "point": key,
+                    "off_ms": round(quantile([b for _, b in pairs], 0.5) * 1e3, 3),
+                    "delta_us": round(quantile(deltas, 0.5) * 1e6, 1),
+                    "delta_ci95_us": [round(lo * 1e6, 1), round(hi * 1e6, 1)],
+                }
+            )
+        result[kind] = sorted(rows, key=lambda r: r["off_ms"])
+    return result
+
+
 def paired_table(sent: list[dict[str, Any]], calls: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     """Per kind: the client's TTFT and each target's time inside the TTFT window, on vs off, paired by round."""
     windows = [(s["t_send"], s["t_send"] + s["ttft_s"]) for s in sent]
@@ -253,6 +302,14 @@ def main() -> int:
             (out / "paired.lines.jsonl").write_text("".join(json.dumps(s) + "\n" for s in sent))
             table = paired_table(sent, calls)
             (out / "paired.json").write_text(json.dumps(table, indent=1))
+            points = checkpoints(sent, calls)
+            (out / "checkpoints.json").write_text(json.dumps(points, indent=1))
+            for kind, rows in points.items():
+                log(f"{kind}: when each point is reached after the request was written (on - off)")
+                for row in rows:
+                    log(
+                        f"  {row['point']:66s} off {row['off_ms']:8.3f} ms  delta {row['delta_us']:+8.1f} us {row['delta_ci95_us']}"
+                    )
             for kind, res in table.items():
                 log(f"{kind}: {res['pairs']} pairs")
                 for key, row in list(res["targets"].items())[:25]:
