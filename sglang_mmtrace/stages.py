@@ -63,7 +63,7 @@ _CATALOGUE: tuple[Stage, ...] = (
     Stage(
         "mm.resize_normalize",
         API,
-        "resize, rescale, normalize (GPU-timed when it runs on the GPU and SGLANG_MMTRACE_GPU_TIMING=all)",
+        "resize, rescale, normalize (GPU-timed when it runs on the GPU)",
         parent="mm.process",
         gpu_timed=True,
         per_image=True,
