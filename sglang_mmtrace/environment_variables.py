@@ -45,7 +45,7 @@ def _gpu_timing(raw: str) -> str:
         return r
     if r in _FALSE:
         return "0"
-    if r in ("true", "yes", "on", "scheduler"):
+    if r in ("true", "yes", "on"):
         return "1"
     raise ValueError(raw)
 

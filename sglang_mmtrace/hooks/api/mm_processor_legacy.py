@@ -18,15 +18,17 @@ Stages: ``mm.process`` (the request scope, ``process_mm_data_async`` as a whole)
 (base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of ``_load_single_item``),
 ``mm.resize_normalize`` (``process_mm_data``; host-timed, or with ``SGLANG_MMTRACE_GPU_TIMING=all``,
 when the fast processor runs on the GPU, ending where its GPU work does: a CUDA event mark
-(``cuda_marks``) read when the request has finished, ``ApiTrace.add_gpu``, never waited for), ``mm.expand`` (once per request: the padded ids and M-RoPE
-positions on EL; the offsets and per-image split before it on PROC are its ``split_s`` attribute,
-their time inside ``mm.process``, because the ``cuda_ipc`` copies come between the two parts) and
-``transport.prepare`` (``cuda_ipc``: the pool slice copies, host-timed or marked the same way).
+(``cuda_marks``) read when the request has finished, ``ApiTrace.add_gpu``, never waited for),
+``mm.expand`` (once per request: the padded ids and M-RoPE positions on EL; the offsets and
+per-image split before it on PROC are its ``split_s`` attribute, their time inside ``mm.process``,
+because the ``cuda_ipc`` copies come between the two parts) and ``transport.prepare``
+(``cuda_ipc``: the pool slice copies, host-timed or marked the same way). The TM computes no
+content hash on 0.5.17 (the scheduler hashes pixels), so ``images[].content_hash`` is empty.
+
 Why the API's marks are not the default: on the H200 they cost an image request ~0.2 ms of TTFT on
 the PROC thread, its critical path (the marks' own time and SGLang's processor slowed behind them),
 to move two stages' ends by their GPU tails, ~0.05 and ~0.02 ms of an ~8 ms processor call
-(``benchmarks/results/paired-probe-h200-20261204/``). The TM computes no
-content hash on 0.5.17 (the scheduler hashes pixels), so ``images[].content_hash`` is empty.
+(``benchmarks/results/paired-probe-h200-20261204/``).
 """
 
 from __future__ import annotations
