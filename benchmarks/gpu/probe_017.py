@@ -33,6 +33,7 @@ holds the hooks of the targets it calls) or in SGLang's own code run slower. Wri
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import shlex
@@ -145,12 +146,16 @@ def collect_calls(probe_dir: Path, pids: dict[int, str], timeout_s: float = 30.0
     return out
 
 
+def _sorted_calls(flat: list[float]) -> tuple[list[tuple[float, float]], list[float]]:
+    """The calls of a flat [start, end, ...] list in start order (the probe's threads append them as
+    they end), and their starts (for ``bisect``)."""
+    calls = sorted(zip(flat[0::2], flat[1::2], strict=True))
+    return calls, [c[0] for c in calls]
+
+
 def in_windows(flat: list[float], windows: list[tuple[float, float]]) -> list[tuple[float, int]]:
     """Per window (start, end): the seconds the calls overlap it, and how many calls overlap it."""
-    import bisect
-
-    calls = sorted(zip(flat[0::2], flat[1::2], strict=True))
-    starts = [c[0] for c in calls]
+    calls, starts = _sorted_calls(flat)
     out = []
     for w0, w1 in windows:
         total, n = 0.0, 0
@@ -165,15 +170,27 @@ def in_windows(flat: list[float], windows: list[tuple[float, float]]) -> list[tu
 
 def first_in_windows(flat: list[float], windows: list[tuple[float, float]]) -> list[tuple[float, float] | None]:
     """Per window: (start, end) of the first call that starts inside it, relative to the window's start."""
-    import bisect
-
-    calls = sorted(zip(flat[0::2], flat[1::2], strict=True))
-    starts = [c[0] for c in calls]
+    calls, starts = _sorted_calls(flat)
     out: list[tuple[float, float] | None] = []
     for w0, w1 in windows:
         i = bisect.bisect_left(starts, w0)
         out.append((calls[i][0] - w0, calls[i][1] - w0) if i < len(calls) and calls[i][0] < w1 else None)
     return out
+
+
+def _pairs_of(sent: list[dict[str, Any]], kind: str) -> tuple[dict[tuple[int, str], int], list[int]]:
+    """A kind's requests by (round, arm) -> index into ``sent``, and the rounds that have both arms."""
+    idx = {(s["round"], s["arm"]): i for i, s in enumerate(sent) if s["kind"] == kind}
+    return idx, sorted({r for r, _ in idx if (r, "on") in idx and (r, "off") in idx})
+
+
+def _median_delta(deltas: list[float]) -> dict[str, Any]:
+    """The median of paired on-minus-off differences (seconds) in µs, with its bootstrap 95% interval."""
+    lo, hi = bootstrap_median_ci(deltas)
+    return {
+        "delta_us": round(quantile(deltas, 0.5) * 1e6, 1),
+        "delta_ci95_us": [round(lo * 1e6, 1), round(hi * 1e6, 1)],
+    }
 
 
 def checkpoints(sent: list[dict[str, Any]], calls: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
@@ -190,24 +207,15 @@ def checkpoints(sent: list[dict[str, Any]], calls: dict[str, dict[str, list[floa
             points[f"{role}:{target} end"] = [g[1] if g else None for g in got]
     result: dict[str, Any] = {}
     for kind in KINDS:
-        idx = {(s["round"], s["arm"]): i for i, s in enumerate(sent) if s["kind"] == kind}
-        rounds = sorted({r for r, _ in idx if (r, "on") in idx and (r, "off") in idx})
+        idx, rounds = _pairs_of(sent, kind)
         rows = []
         for key, xs in points.items():
             pairs = [(xs[idx[(r, "on")]], xs[idx[(r, "off")]]) for r in rounds]
             pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
             if len(pairs) < 0.9 * len(rounds):
                 continue  # not a point every request of this kind passes
-            deltas = [a - b for a, b in pairs]
-            lo, hi = bootstrap_median_ci(deltas)
-            rows.append(
-                {
-                    "point": key,
-                    "off_ms": round(quantile([b for _, b in pairs], 0.5) * 1e3, 3),
-                    "delta_us": round(quantile(deltas, 0.5) * 1e6, 1),
-                    "delta_ci95_us": [round(lo * 1e6, 1), round(hi * 1e6, 1)],
-                }
-            )
+            off_ms = round(quantile([b for _, b in pairs], 0.5) * 1e3, 3)
+            rows.append({"point": key, "off_ms": off_ms, **_median_delta([a - b for a, b in pairs])})
         result[kind] = sorted(rows, key=lambda r: r["off_ms"])
     return result
 
@@ -224,22 +232,18 @@ def paired_table(sent: list[dict[str, Any]], calls: dict[str, dict[str, list[flo
             counts[f"{role}:{target}"] = [g[1] for g in got]
     result: dict[str, Any] = {}
     for kind in KINDS:
-        idx = {(s["round"], s["arm"]): i for i, s in enumerate(sent) if s["kind"] == kind}
-        rounds = sorted({r for r, _ in idx if (r, "on") in idx and (r, "off") in idx})
+        idx, rounds = _pairs_of(sent, kind)
         rows = {}
         for key, xs in series.items():
             on = [xs[idx[(r, "on")]] for r in rounds]
             off = [xs[idx[(r, "off")]] for r in rounds]
             if not any(on) and not any(off):
                 continue
-            deltas = [a - b for a, b in zip(on, off, strict=True)]
-            lo, hi = bootstrap_median_ci(deltas)
             calls_on = [counts[key][idx[(r, "on")]] for r in rounds]
             rows[key] = {
                 "on_ms": round(quantile(on, 0.5) * 1e3, 4),
                 "off_ms": round(quantile(off, 0.5) * 1e3, 4),
-                "delta_us": round(quantile(deltas, 0.5) * 1e6, 1),
-                "delta_ci95_us": [round(lo * 1e6, 1), round(hi * 1e6, 1)],
+                **_median_delta([a - b for a, b in zip(on, off, strict=True)]),
                 "calls_per_request": round(sum(calls_on) / max(1, len(calls_on)), 2),
             }
         result[kind] = {

@@ -179,69 +179,55 @@ if os.environ.get("MMTRACE_PROBE_DIR") and os.environ.get("MMTRACE_PROBE_PID") !
         _calls: dict[str, list[float]] = {}  # target's hook id -> [start, end, start, end, ...]
         _CALLS_MAX = 400_000
 
-        def _segment_timer(hook_id, res) -> None:
+        def _segment_timer(hook_id, target, res) -> None:
             """Time SGLang's own function under the plugin's hook, in both arms: the timer replaces
-            the target before the plugin hooks it, so the plugin's hook wraps the timer and the switch
-            puts the timer (the hook's "original") back while off. Each call's start and end
-            (``perf_counter``) go into a flat list. The scheduler's receive poll (thousands of calls
-            per request, idle time) is left untimed; a target already timed (a second hook on it,
-            whose original is the first hook, carrying the mark by ``update_wrapper``) is not timed
-            twice."""
-            import functools
+            the target before the plugin hooks it (``patch.apply``'s own replacement and re-binding,
+            as a ``Direct`` hook), so the plugin's hook wraps the timer and the switch puts the timer
+            (the hook's "original") back while off. Each call's start and end (``perf_counter``) go
+            into a flat list. The scheduler's receive poll (thousands of calls per request, idle
+            time) is left untimed; a target already timed (a second hook on it, whose original is the
+            first hook, carrying the mark by ``update_wrapper``) is not timed twice."""
             import types
 
             original = res.original
             raw = original.__func__ if isinstance(original, staticmethod | classmethod) else original
+            kind = _patch.kind_of(original)
             if hook_id == "scheduler.recv_requests" or not isinstance(raw, types.FunctionType):
                 return
-            if getattr(raw, "_mmtrace_probe_seg", False):
+            if getattr(raw, "_mmtrace_probe_seg", False) or kind not in ("sync", "async"):
                 return
-            kind = _patch.kind_of(original)
             buf = _calls.setdefault(hook_id, [])
-            if kind == "async":
 
-                async def timer(*a, **k):
-                    t0 = _now()
-                    try:
-                        return await raw(*a, **k)
-                    finally:
-                        if len(buf) < _CALLS_MAX:
-                            buf.extend((t0, _now()))
+            def build(func, on, bound):
+                if kind == "async":
 
-            elif kind == "sync":
+                    async def timer(*a, **k):
+                        t0 = _now()
+                        try:
+                            return await func(*a, **k)
+                        finally:
+                            if len(buf) < _CALLS_MAX:
+                                buf.extend((t0, _now()))
 
-                def timer(*a, **k):
-                    t0 = _now()
-                    try:
-                        return raw(*a, **k)
-                    finally:
-                        if len(buf) < _CALLS_MAX:
-                            buf.extend((t0, _now()))
+                else:
 
-            else:
-                return
-            functools.update_wrapper(timer, raw)
-            timer._mmtrace_probe_seg = True
-            new = timer
-            if isinstance(original, staticmethod):
-                new = staticmethod(timer)
-            elif isinstance(original, classmethod):
-                new = classmethod(timer)
-            setattr(res.owner, res.attr, new)
-            if isinstance(res.owner, types.ModuleType):  # names imported elsewhere, as patch.apply re-binds
-                for mod in list(sys.modules.values()):
-                    try:
-                        items = list(vars(mod).items()) if isinstance(mod, types.ModuleType) else ()
-                    except TypeError:
-                        continue
-                    for name, value in items:
-                        if value is original and mod is not res.owner:
-                            setattr(mod, name, new)
+                    def timer(*a, **k):
+                        t0 = _now()
+                        try:
+                            return func(*a, **k)
+                        finally:
+                            if len(buf) < _CALLS_MAX:
+                                buf.extend((t0, _now()))
+
+                timer._mmtrace_probe_seg = True
+                return timer
+
+            _apply(f"probe:{hook_id}", target, _patch.Direct(build))
 
         def _probed_apply(hook_id, target, wrapper, enabled=None):
             res = _patch.resolve(target)
             if _segments:  # SGLang's own calls timed, the plugin's hooks as they are
-                _segment_timer(hook_id, res)
+                _segment_timer(hook_id, target, res)
                 return _apply(hook_id, target, wrapper, enabled)
             return _apply(hook_id, target, _timed(hook_id, _patch.kind_of(res.original), wrapper), enabled)
 
