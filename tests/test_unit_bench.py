@@ -177,6 +177,46 @@ def test_paired_plan_alternates_the_leading_arm_strictly() -> None:
     assert all(p.extra["expect_record"] is False and p.extra["launch"] == 3 for p in aa)
 
 
+def test_control_arm_rotates_so_each_pair_leads_equally_often() -> None:
+    wl = overhead.Workload(seed=3, nonce="n", size=(32, 24))
+    plan = overhead.paired_plan("overhead", rounds=6, warmup_rounds=0, workload=wl, control=True)
+    assert len(plan) == 6 * 3 * 3
+    order = {}
+    for r in range(6):
+        rnd = [p for p in plan if p.round == r and p.extra["kind"] == "text"]
+        arms = [p.extra["arm"] for p in rnd]
+        assert sorted(arms) == ["ctl", "off", "on"] and [p.extra["order"] for p in rnd] == [0, 1, 2]
+        assert all(p.extra["expect_record"] == (p.extra["arm"] == "on") for p in rnd)
+        order[r] = arms
+    for a, b in (("off", "on"), ("off", "ctl")):
+        assert sum(order[r].index(a) < order[r].index(b) for r in range(6)) == 3, (a, b)
+    for arm in ("on", "off", "ctl"):  # every arm at every position twice
+        assert Counter(order[r].index(arm) for r in range(6)) == {0: 2, 1: 2, 2: 2}
+    texts = [_text(p.messages) for p in plan if p.extra["kind"] == "text"]
+    assert len(set(texts)) == len(texts)  # the control's prompts are new to the server too
+
+
+def test_summary_reports_the_control_as_a_second_pair() -> None:
+    rng = np.random.default_rng(1)
+    lines = []
+    for r in range(150):
+        base = 0.02 * rng.lognormal(0, 0.1)
+        for arm, factor in (("off", 1.0), ("on", 1.01), ("ctl", 1.0)):
+            ln = _line("text", arm, r, base * factor * rng.lognormal(0, 0.001))
+            ln["bench"]["order"] = overhead.arm_order(r, control=True).index(arm)
+            lines.append(ln)
+    res = overhead.summary(lines)
+    on, ctl = res["kinds"]["text"], res["control"]["text"]
+    assert on["n_pairs"] == ctl["n_pairs"] == 150
+    assert abs(on["ttft_ratio_on_off"] - 1.01) < 2e-3 and abs(ctl["ttft_ratio_on_off"] - 1.0) < 2e-3
+    assert ctl["ttft_ratio_ci95"][0] <= 1.0 <= ctl["ttft_ratio_ci95"][1]
+    assert set(on["ttft_median_ms_by_position_in_pair"]) == {"first", "second"}
+    assert res["records"] == {"on_ok": 150, "on_with_record": 150, "off_ok": 300, "off_with_record": 0}
+    text = "\n".join(overhead.notes(res, "t"))
+    assert "A/A control" in text and text.count("text ") == 2
+    assert "control" not in overhead.summary([ln for ln in lines if ln["bench"]["arm"] != "ctl"])
+
+
 def test_ablation_plan_covers_every_level_once_per_round_in_a_seeded_order() -> None:
     wl = overhead.Workload(seed=1, nonce="n", size=(16, 16))
     plan = ablation.ablation_plan(rounds=3, warmup_rounds=1, workload=wl, seed=5)

@@ -116,9 +116,10 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
     result: dict[str, Any] = {}
     try:
         if name == "overhead":
-            plan = oh.paired_plan(name, n, opts.warmup, workload)
+            plan = oh.paired_plan(name, n, opts.warmup, workload, control=opts.control)
+            arms = "on/off/off (A/A control)" if opts.control else "on/off"
             log(
-                f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x on/off, switch flipped per request"
+                f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {arms}, switch flipped per request"
             )
         elif name == "ablation":
             plan = abl.ablation_plan(n, min(opts.warmup, 1), workload, opts.seed, opts.ablation_parts)

@@ -16,9 +16,13 @@ Two ways to get the arms, one plan and one analysis:
 Plan (``paired_plan``): per round, for each kind (``new_image``: a new 640x480 JPEG per request;
 ``same_image``: one fixed JPEG repeated; ``text``: a new text prompt per request), one request per
 arm, the leading arm alternating strictly by round (even rounds: on first). Untimed warm-up rounds
-come first. Analysis (``paired_summary``): per kind the median TTFT off/on, the paired ratio of
-medians with a bootstrap 95% interval over rounds, the median paired difference (on - off) with its
-interval, and whether the target (ratio <= 1.005 and upper bound <= 1.01) is met.
+come first. With ``control`` each round also sends a third request per kind, ``ctl``, with the
+plugin off like ``off``: the A/A control on the same instance, analysed as ``off`` vs ``ctl`` like the
+A/B (the three arms' order rotates by round). It shows the method's own noise: how far from 1 the
+ratio and its interval land when the two arms run the same code. Analysis (``paired_summary``): per
+kind the median TTFT off/on, the paired ratio of medians with a bootstrap 95% interval over rounds,
+the median paired difference (on - off) with its interval, and whether the target (ratio <= 1.005
+and upper bound <= 1.01) is met.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ KINDS = ("new_image", "same_image", "text")
 QUESTION = "Describe this image in one word."
 MAX_TOKENS = 8
 ARMS = ("off", "on")
+CONTROL = "ctl"  # the same-instance A/A control's second 'off' arm
 ORIENTATIONS = ("on-first", "off-first")  # which arm's server was started first
 TARGET_RATIO = 1.005
 TARGET_UPPER = 1.01
@@ -81,8 +86,13 @@ def workload_for(opts: Options, experiment: str) -> Workload:
     return Workload(opts.seed, opts.nonce, opts.size_for(experiment))
 
 
-def arm_order(round_no: int) -> tuple[str, str]:
-    """The leading arm alternates strictly by round: even rounds on first, odd rounds off first."""
+def arm_order(round_no: int, control: bool = False) -> tuple[str, ...]:
+    """The leading arm alternates strictly by round: even rounds on first, odd rounds off first. With
+    the control arm the three arms rotate, so each pair's arms lead equally often over six rounds."""
+    if control:
+        arms = ("on", "off", CONTROL) if round_no % 2 == 0 else ("off", "on", CONTROL)
+        k = (round_no // 2) % 3
+        return arms[k:] + arms[:k]
     return ("on", "off") if round_no % 2 == 0 else ("off", "on")
 
 
@@ -93,20 +103,21 @@ def paired_plan(
     workload: Workload,
     extra: dict[str, Any] | None = None,
     slot_tag: str = "",
+    control: bool = False,
 ) -> list[Planned]:
-    """Warm-up rounds (round < 0, excluded), then ``rounds`` rounds: each kind, both arms, in
-    ``arm_order``. ``extra`` goes into every request (launch, orientation, ...); an 'off' request
-    expects no record, an 'on' request one (``extra`` may override ``expect_record``)."""
+    """Warm-up rounds (round < 0, excluded), then ``rounds`` rounds: each kind, both arms (and the
+    ``control`` arm), in ``arm_order``. ``extra`` goes into every request (launch, orientation, ...);
+    an 'off' request expects no record, an 'on' request one (``extra`` may override ``expect_record``)."""
     plan = []
     for r in range(-warmup_rounds, rounds):
         for kind in KINDS:
-            for pos, arm in enumerate(arm_order(r)):
+            for pos, arm in enumerate(arm_order(r, control)):
                 info = {"kind": kind, "arm": arm, "order": pos, "expect_record": arm == "on", **(extra or {})}
                 plan.append(
                     Planned(
                         experiment,
-                        f"{kind}: plugin {arm}",
-                        ARMS.index(arm),
+                        f"{kind}: plugin {'off (A/A control)' if arm == CONTROL else arm}",
+                        (*ARMS, CONTROL).index(arm),
                         kind,
                         workload.messages(kind, r, f"{arm}{slot_tag}"),
                         r,
@@ -288,23 +299,28 @@ def run_launch(
 # -- analysis -------------------------------------------------------------------------------------
 
 
-def pairs(lines: Iterable[dict[str, Any]], kind: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(off, on) ``bench`` dicts of one kind, per (launch, round) where both arms answered."""
+def pairs(
+    lines: Iterable[dict[str, Any]], kind: str, arms: tuple[str, str] = ARMS
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(off, on) ``bench`` dicts of one kind, per (launch, round) where both arms answered
+    (``arms``: another pair of arms, e.g. ``("off", CONTROL)`` for the A/A control)."""
+    a, b_ = arms
     by: dict[tuple[Any, int], dict[str, dict[str, Any]]] = {}
     for ln in lines:
         b = ln["bench"]
         if b.get("kind") == kind and b["ok"] and b.get("client_ttft_s") is not None:
             by.setdefault((b.get("launch", 0), b["round"]), {})[b["arm"]] = b
-    return [(v["off"], v["on"]) for _, v in sorted(by.items()) if "off" in v and "on" in v]
+    return [(v[a], v[b_]) for _, v in sorted(by.items()) if a in v and b_ in v]
 
 
 def target_met(ratio: float, upper: float) -> bool:
     return bool(ratio <= TARGET_RATIO and upper <= TARGET_UPPER)
 
 
-def paired_summary(lines: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
-    """Off vs on for one kind over the rounds where both arms answered."""
-    prs = pairs(lines, kind)
+def paired_summary(lines: Iterable[dict[str, Any]], kind: str, arms: tuple[str, str] = ARMS) -> dict[str, Any]:
+    """Off vs on for one kind over the rounds where both arms answered (``arms``: see ``pairs``; the
+    keys keep the names ``off``/``on`` for the first and second arm)."""
+    prs = pairs(lines, kind, arms)
     if not prs:
         return {"n_pairs": 0}
     off = np.array([a["client_ttft_s"] for a, _ in prs]) * 1000
@@ -331,7 +347,9 @@ def paired_summary(lines: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]
         "e2e_on_median_ms": round(float(np.median(e2e_on)), 3),
         "e2e_ratio_on_off": round(float(np.median(e2e_on)) / float(np.median(e2e_off)), 4),
         "ttft_median_ms_by_position_in_pair": {
-            pos: round(float(np.median([x["client_ttft_s"] * 1000 for pr in prs for x in pr if x["order"] == i])), 3)
+            pos: round(
+                float(np.median([sorted(pr, key=lambda x: x["order"])[i]["client_ttft_s"] * 1000 for pr in prs])), 3
+            )
             for i, pos in enumerate(("first", "second"))
         },
         "cached_tokens_median": {
@@ -346,9 +364,10 @@ def record_check(lines: Iterable[dict[str, Any]]) -> dict[str, int]:
     out = {"on_ok": 0, "on_with_record": 0, "off_ok": 0, "off_with_record": 0}
     for ln in lines:
         b = ln["bench"]
-        if b["ok"] and b.get("arm") in ARMS:
-            out[f"{b['arm']}_ok"] += 1
-            out[f"{b['arm']}_with_record"] += bool(b["record"])
+        if b["ok"] and b.get("arm") in (*ARMS, CONTROL):
+            arm = "off" if b["arm"] == CONTROL else b["arm"]
+            out[f"{arm}_ok"] += 1
+            out[f"{arm}_with_record"] += bool(b["record"])
     return out
 
 
@@ -372,12 +391,16 @@ def plugin_vs_client(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """The same-instance (or one-launch) result: per kind ``paired_summary``, the record check, and
-    the plugin's TTFT next to the client's."""
-    return {
+    the plugin's TTFT next to the client's; with a control arm, ``control``: its A/A summary per kind
+    (``off`` vs ``ctl``, both with the plugin off)."""
+    out = {
         "kinds": {kind: paired_summary(lines, kind) for kind in KINDS},
         "records": record_check(lines),
         "plugin_vs_client": plugin_vs_client(lines),
     }
+    if any(ln["bench"].get("arm") == CONTROL for ln in lines):
+        out["control"] = {kind: paired_summary(lines, kind, ("off", CONTROL)) for kind in KINDS}
+    return out
 
 
 def crossover_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
@@ -423,21 +446,30 @@ def _ratio(s: dict[str, Any]) -> str:
     return f"{s['ttft_ratio_on_off']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def notes(result: dict[str, Any], title: str) -> list[str]:
-    """Terminal lines for a ``summary`` result."""
-    out = [f"== {title}: TTFT plugin on / off (paired ratio of medians, bootstrap 95% CI over rounds)"]
+def _kind_lines(by_kind: dict[str, Any], second: str, test: str) -> list[str]:
+    out = []
     for kind in KINDS:
-        s = result["kinds"].get(kind) or {}
+        s = by_kind.get(kind) or {}
         if not s.get("n_pairs"):
             out.append(f"   {kind}: no complete pairs")
             continue
         dlo, dhi = s["ttft_paired_delta_ci95_ms"]
         met = "met" if s["target"]["met"] else "not met"
         out.append(
-            f"   {kind:<11} n={s['n_pairs']:<4} off {s['ttft_off_median_ms']:.2f} ms, on {s['ttft_on_median_ms']:.2f} ms, "
+            f"   {kind:<11} n={s['n_pairs']:<4} off {s['ttft_off_median_ms']:.2f} ms, {second} {s['ttft_on_median_ms']:.2f} ms, "
             f"ratio {_ratio(s)}, paired delta {s['ttft_paired_delta_median_ms']:+.3f} ms [{dlo:+.3f}, {dhi:+.3f}]; "
-            f"target (<= {TARGET_RATIO}, upper <= {TARGET_UPPER}) {met}"
+            f"{test} (<= {TARGET_RATIO}, upper <= {TARGET_UPPER}) {met}"
         )
+    return out
+
+
+def notes(result: dict[str, Any], title: str) -> list[str]:
+    """Terminal lines for a ``summary`` result."""
+    out = [f"== {title}: TTFT plugin on / off (paired ratio of medians, bootstrap 95% CI over rounds)"]
+    out += _kind_lines(result["kinds"], "on", "target")
+    if result.get("control"):
+        out.append("   A/A control (off / off again, same rounds): the method's own noise")
+        out += _kind_lines(result["control"], "ctl", "the same test")
     rc = result.get("records")
     if rc:
         out.append(

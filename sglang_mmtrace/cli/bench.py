@@ -108,6 +108,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="overhead/ablation: after a request with records on, wait until its record is built before the next "
         "flip (its record-building then overlaps no other request)",
     )
+    s.add_argument(
+        "--control",
+        action="store_true",
+        help="overhead: also an A/A control on the same instance, a second plugin-off request per round and kind "
+        "(reported as off vs off again: the method's own noise)",
+    )
     s.add_argument("--server-pid", type=int, default=None, help="throughput with --url: the server's API process")
     s.add_argument(
         "--launches", type=int, default=2, help="overhead-crossover: launches per orientation, A/B and A/A (default 2)"
@@ -173,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         settle_s=args.settle_s,
         gap_s=args.gap_ms / 1000,
         keep_records=args.keep_records,
+        control=args.control,
         **({"ablation_parts": tuple(args.ablation_groups.split(","))} if args.ablation_groups else {}),
         launches=args.launches,
         aa=not args.no_aa,
