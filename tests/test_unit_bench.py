@@ -506,6 +506,8 @@ def test_switch_experiments_against_a_stand_in_server(tmp_path: Path) -> None:
         for name in ("overhead", "ablation", "throughput"):
             driver.run_switched(target, name, st, out)
             assert fake.switch["on"] is True and fake.switch["parts"] == ["http", "tokenizer"], name
+        opts.control, controlled = True, driver.Outcome()
+        driver.run_switched(target, "overhead", st, controlled)
     finally:
         fake.close()
     ov = out.results["overhead"]
@@ -514,6 +516,10 @@ def test_switch_experiments_against_a_stand_in_server(tmp_path: Path) -> None:
     lines = [ln for ln in out.lines if ln["bench"]["experiment"] == "overhead"]
     assert len(lines) == 18 and all(ln["bench"]["record"] == (ln["bench"]["arm"] == "on") for ln in lines)
     assert len({ln["bench"]["generation"] for ln in lines}) == 18  # one flip before every request
+    ctl = controlled.results["overhead"]
+    assert {k: v["n_pairs"] for k, v in ctl["control"].items()} == {k: 3 for k in overhead.KINDS}
+    assert ctl["records"] == {"on_ok": 9, "on_with_record": 9, "off_ok": 18, "off_with_record": 0}
+    assert ctl["requests_sent"] == 27 and ctl["switch"]
     ab = out.results["ablation"]
     assert ab["rounds"] == 3 and ab["requests_sent"] == 3 * 3 * 13
     assert ab["records"]["expected"] == ab["records"]["expected_found"] == 3 * 3 * 4  # L9..L12 write records
