@@ -370,7 +370,7 @@ def test_forward_marks_contain_failures_and_call_once(monkeypatch, fails):
             raise RuntimeError("store")
         stored.append((m0, m1))
 
-    wrapper = model_runner.around_forward("toy.forward", "model.prefill", names, store).make("sync")
+    wrapper = model_runner.around_forward("toy.forward", "model.prefill", names, store, start=Clock.mark).make("sync")
     calls: list = []
 
     def target(x):

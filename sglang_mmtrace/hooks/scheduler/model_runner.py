@@ -16,39 +16,28 @@ from ...telemetry import contained, maybe_inject
 from ..base import HookSpec, guarded, push_batch_range
 from . import state as ss
 
-
-def _all_rids(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
-    return ctx.rids
-
-
-def _new_mark(ctx: ss.FwdCtx) -> Any:
-    return ctx.clock.mark()
-
-
-def _forward_start(ctx: ss.FwdCtx) -> Any:
-    """The forward's start: a host time when it adopted an earlier forward's reference (``Clock``)."""
-    return ctx.clock.start()
-
-
-def _after_forward(ctx: ss.FwdCtx) -> Any:
-    """Sampling right after the forward starts on the forward's end mark (``Clock.mark_on``): SGLang
-    launches nothing on the GPU between the two, so a second event there would mark the same point."""
-    return ctx.clock.mark_on(ctx.fwd[1] if ctx.fwd is not None else None)
+Rids = Callable[[ss.FwdCtx, tuple, dict], tuple[str, ...]]
+"""Which requests of the forward a call works for (None: all of them, ``ctx.rids``)."""
+Start = Callable[[ss.Clock], Any]
+"""The call's first mark: a ``Clock`` method, called unbound on the forward's clock (no frame of ours
+between the hook and the clock, on the first token's way)."""
 
 
 def marked(
     component: str,
     slot: str,
     stage: str,
-    rids: Callable[[ss.FwdCtx, tuple, dict], tuple[str, ...]] = _all_rids,
-    start: Callable[[ss.FwdCtx], Any] = _new_mark,
+    rids: Rids | None = None,
+    start: Start = ss.Clock.mark,
 ) -> HookSpec:
     """Mark the first call of a prefill forward into ``ctx.<slot>``, inside an NVTX range for ``rids``."""
 
     def store(ctx: ss.FwdCtx, m0: Any, m1: Any, args: tuple, kwargs: dict) -> None:
         if getattr(ctx, slot) is None:
             setattr(ctx, slot, (m0, m1))
-            if slot == "sample":
+            if slot == "fwd":
+                ctx.clock.fwd_end = m1
+            elif slot == "sample":
                 ctx.t_sample_end = ss.now()
 
     return around_forward(component, stage, rids, store, start)
@@ -57,18 +46,18 @@ def marked(
 def around_forward(
     component: str,
     stage: str,
-    rids: Callable[[ss.FwdCtx, tuple, dict], tuple[str, ...]],
+    rids: Rids | None,
     store: Callable[[ss.FwdCtx, Any, Any, tuple, dict], None],
-    start: Callable[[ss.FwdCtx], Any] = _new_mark,
+    start: Start = ss.Clock.mark,
 ) -> HookSpec:
     """Clock marks around a call made inside the current prefill forward, handed to ``store``.
 
     Outside a prefill forward (``ss.current`` is None: every decode step) the call goes straight
-    through. ``rids`` runs before the call and names the requests the call works for: the NVTX
-    range's, and when it names none (an embedding call whose images are all in the radix prefix)
-    nothing is marked or stored, for marks are CUDA calls on the TTFT path. ``start`` gives the first
-    mark (``_after_forward``: sampling shares the forward's end; ``_forward_start``: a host time when
-    the forward adopted an earlier reference). The plugin code runs in guarded blocks inlined as in
+    through. ``rids`` runs before the call and names the requests the call works for (None: every
+    request of the forward): the NVTX range's, and when it names none (an embedding call whose
+    images are all in the radix prefix) nothing is marked or stored, for marks are CUDA calls on the
+    TTFT path. ``start`` gives the first mark (``Clock.after_forward``: sampling shares the forward's
+    end; ``Clock.start``: a host time when the forward adopted an earlier reference). The plugin code runs in guarded blocks inlined as in
     ``base.interval`` (names, range and first mark before the call; second mark, pop and store after
     it), not one ``guarded`` call per step: these wrappers run inside the forward, on the TTFT path,
     where every frame counts. A failure before the call leaves no first mark and so nothing stored;
@@ -90,9 +79,9 @@ def around_forward(
                 try:
                     if telemetry.armed is not False:
                         maybe_inject(component)
-                    if names := rids(ctx, rest, kwargs):
+                    if names := ctx.rids if rids is None else rids(ctx, rest, kwargs):
                         pushed = nvtx.domain is not None and push_batch_range(component, stage, names)
-                        m0 = start(ctx)
+                        m0 = start(ctx.clock)
                 except Exception as e:
                     contained(component, e)
                 try:
@@ -124,8 +113,8 @@ def around_forward(
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "model_runner.forward": marked("model_runner.forward", "fwd", "model.prefill", start=_forward_start),
-    "model_runner.sample": marked("model_runner.sample", "sample", "model.sample", start=_after_forward),
+    "model_runner.forward": marked("model_runner.forward", "fwd", "model.prefill", start=ss.Clock.start),
+    "model_runner.sample": marked("model_runner.sample", "sample", "model.sample", start=ss.Clock.after_forward),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)

@@ -24,14 +24,6 @@ def prefix_images(req: Any, prefix: int) -> int:
     return len(spans) if spans and all(e < prefix for e in spans) else 0
 
 
-def _prefix_len(req: Any) -> int:
-    value = getattr(req, "prefix_len", None)
-    if isinstance(value, int):
-        return value
-    indices = getattr(req, "prefix_indices", None)
-    return len(indices) if indices is not None else 0
-
-
 def admit(req: Any, tr: ss.ReqTrace, t: float) -> None:
     """Admission into a prefill forward (``scheduler.run_batch``): fix the adopted match's times and read
     what the prefill will change (the cached tokens, the prefix length), as ``prepare_for_extend`` left
@@ -42,7 +34,11 @@ def admit(req: Any, tr: ss.ReqTrace, t: float) -> None:
         tr.t_match0 = t
     if tr.t_match1 is None:
         tr.t_match1 = t
-    tr.admission = (getattr(req, "cached_tokens", 0), _prefix_len(req))
+    prefix = getattr(req, "prefix_len", None)  # the prefix length: an int, or SGLang's prefix indices
+    if not isinstance(prefix, int):
+        indices = getattr(req, "prefix_indices", None)
+        prefix = len(indices) if indices is not None else 0
+    tr.admission = (getattr(req, "cached_tokens", 0), prefix)
 
 
 def _match_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:

@@ -47,8 +47,9 @@ def _enqueue_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 
 
 def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    # Called for every batch, and for a prefill on its first token's way: helpers inlined (no ``arg``).
     ss.current = None
-    batch = arg(args, kwargs, 0, "batch")
+    batch = args[0] if args else kwargs.get("batch")
     mode = getattr(batch, "forward_mode", None)
     if mode is None or not mode.is_extend():
         return None

@@ -17,6 +17,7 @@ from .. import cuda_marks
 
 now = time.perf_counter
 _ship = switch.gate("ship")
+_cuda = switch.gate("cuda_events")
 
 
 class ReqTrace:
@@ -70,7 +71,7 @@ class Clock:
     last one ended share its mark.
     """
 
-    __slots__ = ("marks", "ref", "t_start", "first", "last", "_host")
+    __slots__ = ("marks", "ref", "t_start", "first", "last", "fwd_end", "_host")
 
     def __init__(self, t_launch: float) -> None:
         self.marks: cuda_marks.Marks | None = None
@@ -81,8 +82,10 @@ class Clock:
         """This forward's first CUDA mark."""
         self.last: int | float | None = None
         """The last mark, until ``run_batch`` returns (``mark_on``)."""
+        self.fwd_end: int | float | None = None
+        """The end mark of the forward's first model call (``after_forward``)."""
         self._host: dict[int, float] | None = None
-        if config.get().gpu_timing != "0" and switch.on("cuda_events"):
+        if _cuda.on and config.get().gpu_timing != "0":
             marks = self.marks = cuda_marks.device_marks()
             if marks is not None:
                 self.ref = marks.reference(t_launch)
@@ -118,6 +121,11 @@ class Clock:
         has not returned): a stage that starts where ``prev``'s ended, with no GPU work launched between
         them, needs no mark of its own. A new mark otherwise."""
         return prev if prev is not None and prev is self.last else self.mark()
+
+    def after_forward(self) -> int | float:
+        """Sampling right after the forward starts on the forward's end mark (``mark_on``): SGLang
+        launches nothing on the GPU between the two, so a second event there would mark the same point."""
+        return self.mark_on(self.fwd_end)
 
     def host(self, mark: int | float) -> float:
         """A mark on the host timeline (CUDA marks: from the reference, read once each; the forward's
@@ -169,7 +177,7 @@ class FwdCtx:
     def __init__(self, traces: list[ReqTrace], t0: float, batch_size: int) -> None:
         self.traces = traces  # the requests' traces, not the Req objects (see the module docstring)
         self.batch_size = batch_size
-        self.rids = tuple(tr.rid for tr in traces)
+        self.rids = tuple([tr.rid for tr in traces])  # a comprehension runs inline, a generator in a frame
         self.t0 = t0
         self.t1 = t0
         self.clock = Clock(t0)
