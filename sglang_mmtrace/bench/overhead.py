@@ -304,13 +304,13 @@ def pairs(
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(off, on) ``bench`` dicts of one kind, per (launch, round) where both arms answered
     (``arms``: another pair of arms, e.g. ``("off", CONTROL)`` for the A/A control)."""
-    a, b_ = arms
+    first, second = arms
     by: dict[tuple[Any, int], dict[str, dict[str, Any]]] = {}
     for ln in lines:
         b = ln["bench"]
         if b.get("kind") == kind and b["ok"] and b.get("client_ttft_s") is not None:
             by.setdefault((b.get("launch", 0), b["round"]), {})[b["arm"]] = b
-    return [(v[a], v[b_]) for _, v in sorted(by.items()) if a in v and b_ in v]
+    return [(v[first], v[second]) for _, v in sorted(by.items()) if first in v and second in v]
 
 
 def target_met(ratio: float, upper: float) -> bool:

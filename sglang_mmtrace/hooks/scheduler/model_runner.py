@@ -57,11 +57,12 @@ def around_forward(
     request of the forward): the NVTX range's, and when it names none (an embedding call whose
     images are all in the radix prefix) nothing is marked or stored, for marks are CUDA calls on the
     TTFT path. ``start`` gives the first mark (``Clock.after_forward``: sampling shares the forward's
-    end; ``Clock.start``: a host time when the forward adopted an earlier reference). The plugin code runs in guarded blocks inlined as in
-    ``base.interval`` (names, range and first mark before the call; second mark, pop and store after
-    it), not one ``guarded`` call per step: these wrappers run inside the forward, on the TTFT path,
-    where every frame counts. A failure before the call leaves no first mark and so nothing stored;
-    either way the call runs once and its result or exception passes through.
+    end; ``Clock.start``: a host time when the forward adopted an earlier reference). The plugin code
+    runs in guarded blocks inlined as in ``base.interval`` (names, range and first mark before the
+    call; second mark, pop and store after it), not one ``guarded`` call per step: these wrappers run
+    inside the forward, on the TTFT path, where every frame counts. A failure before the call leaves
+    no first mark and so nothing stored; either way the call runs once and its result or exception
+    passes through.
     """
 
     def make(kind: str) -> Direct:
