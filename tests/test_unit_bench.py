@@ -210,6 +210,8 @@ def test_summary_reports_the_control_as_a_second_pair() -> None:
     assert on["n_pairs"] == ctl["n_pairs"] == 150
     assert abs(on["ttft_ratio_on_off"] - 1.01) < 2e-3 and abs(ctl["ttft_ratio_on_off"] - 1.0) < 2e-3
     assert ctl["ttft_ratio_ci95"][0] <= 1.0 <= ctl["ttft_ratio_ci95"][1]
+    assert ctl["ttft_paired_delta_rel_ci95"][0] <= 0 <= ctl["ttft_paired_delta_rel_ci95"][1]
+    assert abs(on["ttft_paired_delta_rel"] - 0.01) < 2e-3
     assert set(on["ttft_median_ms_by_position_in_pair"]) == {"first", "second"}
     assert res["records"] == {"on_ok": 150, "on_with_record": 150, "off_ok": 300, "off_with_record": 0}
     text = "\n".join(overhead.notes(res, "t"))
@@ -260,6 +262,9 @@ def test_paired_summary_ratio_delta_and_target() -> None:
     lo, hi = s["ttft_ratio_ci95"]
     assert lo <= s["ttft_ratio_on_off"] <= hi and s["target"]["met"] is (hi <= 1.01)
     assert s["ttft_paired_delta_median_ms"] > 0
+    assert abs(s["ttft_paired_delta_rel"] - 0.002) < 5e-4  # the delta as a share of the off median
+    rlo, rhi = s["ttft_paired_delta_rel_ci95"]
+    assert rlo <= s["ttft_paired_delta_rel"] <= rhi
     slow = [_line("text", "off", r, 0.04) for r in range(20)] + [_line("text", "on", r, 0.05) for r in range(20)]
     assert overhead.paired_summary(slow, "text")["target"]["met"] is False
     # a round missing one arm is not a pair; a failed request is not a sample
