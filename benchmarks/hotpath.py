@@ -748,7 +748,6 @@ EXTEND, DECODE = Mode(True), Mode(False)
 
 SCHEDULER_HOOKS = (
     "scheduler.recv_requests",
-    "scheduler.add_to_queue",
     "schedule_batch.match",
     "scheduler.run_batch",
     "model_runner.forward",
@@ -776,6 +775,8 @@ def build_scheduler(
             self.prefix_indices: list[int] = []
             self.cached_tokens = 0
             self.output_ids: list[int] = []
+            # SGLang notes the receive here and the queue entry in _add_request_to_queue (both arms)
+            self.time_stats = NS(scheduler_recv_time=time.perf_counter(), wait_queue_entry_time=0.0)
 
         def init_next_round_input(self, tree_cache=None):
             return None
@@ -826,7 +827,7 @@ def build_scheduler(
             self.model_runner = ModelRunner()
 
         def _add_request_to_queue(self, req, is_retracted=False):
-            return None
+            req.time_stats.wait_queue_entry_time = time.perf_counter()
 
         def run_batch(self, batch):
             runner = self.model_runner
@@ -847,7 +848,6 @@ def build_scheduler(
     if traced:
         for cls, attr, hook_id in (
             (Receiver, "recv_requests", "scheduler.recv_requests"),
-            (Scheduler, "_add_request_to_queue", "scheduler.add_to_queue"),
             (Scheduler, "run_batch", "scheduler.run_batch"),
             (Req, "init_next_round_input", "schedule_batch.match"),
             (ModelRunner, "forward", "model_runner.forward"),
@@ -1016,7 +1016,7 @@ def leave_out(
     """An image request up to the hand-off with every hook (``none``), then with each of ``hook_ids``
     left out in turn (``traced_without(hook_id)`` builds that arm), each against the plain arm: what one
     hooked call costs where it stands. A hook that creates the request's or the batch's state
-    (``add_to_queue``, ``run_batch``; the API's middleware and ``init_req_state``) takes the later
+    (``match``, ``run_batch``; the API's middleware and ``init_req_state``) takes the later
     hooks' work with it, so the differences do not add up to the whole."""
     out: dict[str, Any] = {}
     for skip in (None, *hook_ids):

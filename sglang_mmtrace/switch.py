@@ -15,6 +15,7 @@ record is half-built across a flip.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,14 +59,19 @@ class Gate:
     hook code runs. That test is the fallback for references taken while the hook was in place: off,
     the hooks are taken out altogether (``plugin.follow_switch``)."""
 
-    __slots__ = ("name", "on", "enabled")
+    __slots__ = ("name", "on", "enabled", "since")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.on = True
         self.enabled: list[bool] = [True]
+        self.since = 0.0
+        """When the part was last switched on (``perf_counter``; 0.0: on from the start). Work that
+        began before it, while the part's hooks were out, is not picked up half-way."""
 
     def set(self, on: bool) -> None:
+        if on and not self.on:
+            self.since = time.perf_counter()
         self.on = on
         self.enabled[:] = [True] if on else []
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sglang_mmtrace import runtime
+from sglang_mmtrace import runtime, switch
 from sglang_mmtrace.hooks.scheduler import batch_result, schedule_batch, scheduler
 from sglang_mmtrace.hooks.scheduler import state as ss
 
@@ -42,6 +42,8 @@ class Req:
         self.cached_tokens = 0
         self.prefix_indices: list[int] = []
         self.multimodal_inputs = SimpleNamespace(mm_items=[SimpleNamespace(offsets=[(2, 9)])])
+        t = ss.now()  # SGLang's own notes: received (``Req.__init__``), queued (``_add_request_to_queue``)
+        self.time_stats = SimpleNamespace(scheduler_recv_time=t, wait_queue_entry_time=t + 1e-6)
 
     def init_next_round_input(self) -> None:  # the radix match: the first 12 tokens are cached
         self.prefix_indices = list(range(12))
@@ -64,13 +66,17 @@ def hook(hook_id: str, module: Any) -> Any:
     return module.HOOKS[hook_id].make("sync")
 
 
+def matched(req: Req) -> None:
+    """The request's first radix match, where its trace is made."""
+    hook("schedule_batch.match", schedule_batch)(lambda: None, req, (), {})
+
+
 def test_admission_is_read_before_the_prefill_and_filed_after_the_hand_off(box: Box) -> None:
     req = Req("A")
-    hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (req,), {})
     hook("schedule_batch.match", schedule_batch)(lambda: req.init_next_round_input(), req, (), {})
     sb = SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_extend=lambda: True))
     assert hook("scheduler.run_batch", scheduler)(lambda b: "result", None, (sb,), {}) == "result"
-    assert [e[1] for e in box.sent] == ["scheduler.recv"]  # nothing else before the hand-off
+    assert box.sent == []  # nothing before the hand-off
 
     # what the prefill changes after admission: the whole prompt is in the radix cache now
     req.prefix_indices, req.cached_tokens = list(range(20)), 99
@@ -79,7 +85,7 @@ def test_admission_is_read_before_the_prefill_and_filed_after_the_hand_off(box: 
     def process_batch_result_prefill(b: Any, res: Any) -> Any:
         scheduler_stream = hook("batch_result.stream_output", batch_result)
         scheduler_stream(lambda reqs: None, None, (b.reqs,), {})
-        assert [e[1] for e in box.sent] == ["scheduler.recv"]  # handing the first token on: still nothing
+        assert box.sent == []  # handing the first token on: still nothing
         return res
 
     assert hook("batch_result.prefill", batch_result)(process_batch_result_prefill, None, (sb, "r"), {}) == "r"
@@ -103,9 +109,48 @@ def test_admission_is_read_before_the_prefill_and_filed_after_the_hand_off(box: 
     assert req._mmtrace.admission is None and req._mmtrace.t_match1 is None  # filed once
 
 
+def test_the_trace_takes_its_receive_and_queue_times_from_sglangs_own_notes(box: Box, monkeypatch) -> None:
+    """No hook on ``_add_request_to_queue``: the first match makes the trace from ``req.time_stats``.
+    The receive starts where the ``recv_requests`` call that brought the request started, as long as
+    no later call has brought others (else at SGLang's receive time)."""
+    recv = hook("scheduler.recv_requests", scheduler)
+    recv(lambda: ["msg"], None, (), {})
+    first = Req("A")  # received by that call
+    matched(first)
+    assert first._mmtrace.t_recv == ss.last_recv_start < first.time_stats.scheduler_recv_time
+    assert first._mmtrace.t_enqueue == first.time_stats.wait_queue_entry_time
+    late = Req("B")  # queued before that call, matched after a later call brought other requests
+    recv(lambda: ["other"], None, (), {})
+    matched(late)
+    assert late._mmtrace.t_recv == late.time_stats.scheduler_recv_time < ss.last_recv_start
+    bare = Req("C")  # a release whose Req notes no times: queued at the match's start
+    del bare.time_stats
+    matched(bare)
+    assert bare._mmtrace.t_recv == ss.last_recv_start < bare._mmtrace.t_enqueue
+    assert box.sent == []
+
+
+def test_a_request_queued_before_the_scheduler_hooks_went_back_in_gets_no_trace(box: Box, monkeypatch) -> None:
+    """While off, the hooks are out: a request queued then and matched after the flip is not picked up
+    half-way (its API side is not recorded either); one queued after the flip is."""
+    gate = switch.gate("scheduler")
+    monkeypatch.setattr(gate, "since", 0.0)
+    before = Req("A")
+    gate.set(False)
+    try:
+        gate.set(True)
+        after = Req("B")
+        matched(before)
+        matched(after)
+    finally:
+        gate.set(True)
+    assert getattr(before, "_mmtrace", None) is None
+    assert after._mmtrace.rid == "B"
+
+
 def test_a_chunked_prefill_files_its_admission_once_and_each_chunks_forward(box: Box) -> None:
     req = Req("A")
-    hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (req,), {})
+    matched(req)
     sb = SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_extend=lambda: True))
     for chunk in range(2):
         hook("scheduler.run_batch", scheduler)(lambda b: "result", None, (sb,), {})
@@ -130,7 +175,7 @@ def test_the_overlap_scheduler_launches_the_next_chunk_before_the_last_ones_resu
     the second chunk's ``run_batch`` before the first chunk's result was processed. A single slot per
     request lost the first chunk (its encoder, embedding and forward) and, with it, the hand-off."""
     req = Req("A")
-    hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (req,), {})
+    matched(req)
     sb = SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_extend=lambda: True))
     run, result = hook("scheduler.run_batch", scheduler), hook("batch_result.prefill", batch_result)
     run(lambda b: "result", None, (sb,), {})
@@ -153,13 +198,13 @@ def test_a_mixed_batch_decode_step_is_no_part_of_the_prefill(box: Box) -> None:
     yet (its result comes after the next launch) when a mixed batch decoded the request, and the
     record had a third forward, with an ``overlap_wait`` past the request's TTFT."""
     req = Req("A")
-    hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (req,), {})
+    matched(req)
     mode = SimpleNamespace(is_extend=lambda: True)
     last_chunk = SimpleNamespace(reqs=[req], forward_mode=mode, decoding_reqs=None)
     run, result = hook("scheduler.run_batch", scheduler), hook("batch_result.prefill", batch_result)
     run(lambda b: "result", None, (last_chunk,), {})
     other = Req("B")
-    hook("scheduler.add_to_queue", scheduler)(lambda r, is_retracted=False: None, None, (other,), {})
+    matched(other)
     mixed = SimpleNamespace(reqs=[other, req], forward_mode=mode, decoding_reqs=[req])
     run(lambda b: "result", None, (mixed,), {})
     assert req._mmtrace.fwd_next is None and other._mmtrace.fwd.rids == ("B",)

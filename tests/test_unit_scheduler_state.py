@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from sglang_mmtrace import runtime
-from sglang_mmtrace.hooks.scheduler import batch_result, scheduler
+from sglang_mmtrace.hooks.scheduler import batch_result, schedule_batch, scheduler
 from sglang_mmtrace.hooks.scheduler import state as ss
 
 
@@ -31,6 +31,7 @@ class Req:
         self.output_ids: list[int] = []
         self.origin_input_ids = list(range(12))  # read at admission (``scheduler.run_batch``)
         self.pixels = bytearray(1 << 20)  # stands for the request's image tensors
+        self.time_stats = SimpleNamespace(scheduler_recv_time=ss.now(), wait_queue_entry_time=ss.now())
 
     def finished(self) -> bool:
         return False
@@ -59,8 +60,8 @@ def box(monkeypatch: pytest.MonkeyPatch) -> Iterator[Box]:
 
 
 def admit(req: Req) -> None:
-    enqueue = scheduler.HOOKS["scheduler.add_to_queue"].make("sync")
-    enqueue(lambda r, is_retracted=False: None, None, (req,), {})
+    match = schedule_batch.HOOKS["schedule_batch.match"].make("sync")  # the first match makes the trace
+    match(lambda: None, req, (), {})
     assert req._mmtrace.rid == req.rid  # type: ignore[attr-defined]
 
 
@@ -82,7 +83,7 @@ def test_a_request_dropped_before_its_prefill_result_is_freed_by_refcount(box: B
     batch.reqs = [b]
     del a
     assert gone() is None, f"the plugin keeps the aborted Req alive: {gc.get_referrers(gone())}"
-    assert [e[1] for e in box.sent] == ["scheduler.recv", "scheduler.recv"]  # the forward's: with its result
+    assert box.sent == []  # the requests' and the forward's events: with its result
 
 
 def test_a_processed_prefill_leaves_no_cycle_behind(box: Box) -> None:

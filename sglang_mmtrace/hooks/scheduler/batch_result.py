@@ -20,12 +20,13 @@ from .schedule_batch import prefix_images
 
 
 def _emit_admission(req: Any, tr: ss.ReqTrace) -> None:
-    """``scheduler.queue`` and ``scheduler.prefix_match`` from what admission fixed (once per request;
-    before ``_emit_forward``, which clears ``t_match1``)."""
+    """``scheduler.recv``, ``scheduler.queue`` and ``scheduler.prefix_match`` from what the trace's
+    creation and admission fixed (once per request; before ``_emit_forward``, which clears ``t_match1``)."""
     cached, prefix = tr.admission
     tr.admission = None
     tr.vit_skipped = prefix_images(req, prefix)
     m0, m1 = tr.t_match0, tr.t_match1
+    ss.emit(tr.rid, "scheduler.recv", tr.t_recv, tr.t_enqueue)
     ss.emit(tr.rid, "scheduler.queue", tr.t_enqueue, m0)
     attrs = {
         "cached_tokens": int(cached or 0),

@@ -11,40 +11,53 @@ in the routine, before the original runs (it clears ``forward_batch.mm_inputs``)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from ..base import HookSpec, Wrapper, arg, guarded
+from ... import telemetry
+from ...patch import Direct
+from ...telemetry import contained, maybe_inject
+from ..base import HookSpec, arg
 from . import mm_embedding
 from . import state as ss
 from .model_runner import marked
 
 
-def _scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
-    """As on 0.5.23, for extend batches only: 0.5.17's routine also runs for decode and verify."""
-    mode = getattr(forward_batch, "forward_mode", None)
-    if mode is None or mode.is_decode() or mode.is_target_verify():
-        return
-    mm_embedding.scan_batch(ctx, forward_batch)
+def _routine_make(kind: str) -> Direct:
+    """``general_mm_embed_routine``: scan an extend batch before the original runs (it clears
+    ``forward_batch.mm_inputs``), as on 0.5.23; 0.5.17's routine also runs for decode and verify.
 
-
-def _routine_wrapper(kind: str) -> Wrapper:
+    Built into the target's replacement (``Direct``), the scan inlined: the routine runs in every
+    forward, a text request's prefill included, where the generic wrapper's frames cost more than the
+    scan of a batch with no images."""
     component = "mm_embedding_legacy.routine"
     if kind != "sync":
         raise ValueError(f"{component}: expected a sync target, got {kind}")
 
-    def wrapper(wrapped, instance, args, kwargs):
-        ctx = ss.current
-        if ctx is not None:
-            guarded(component, _scan_batch, ctx, arg(args, kwargs, 1, "forward_batch"))
-        return wrapped(*args, **kwargs)
+    def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
+        def routine_hook(*args, **kwargs):
+            ctx = ss.current
+            if ctx is not None and on:
+                try:
+                    if telemetry.armed is not False:
+                        maybe_inject(component)
+                    forward_batch = arg(args[1:] if bound else args, kwargs, 1, "forward_batch")
+                    mode = getattr(forward_batch, "forward_mode", None)
+                    if mode is not None and not mode.is_decode() and not mode.is_target_verify():
+                        mm_embedding.scan_batch(ctx, forward_batch)
+                except Exception as e:
+                    contained(component, e)
+            return func(*args, **kwargs)
 
-    return wrapper
+        return routine_hook
+
+    return Direct(build)
 
 
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "mm_embedding_legacy.routine": HookSpec("mm_embedding_legacy.routine", make=_routine_wrapper),
+    "mm_embedding_legacy.routine": HookSpec("mm_embedding_legacy.routine", make=_routine_make),
     # the batch was scanned by the routine hook: only mark the embedding call
     "mm_embedding_legacy.embed": marked("mm_embedding_legacy.embed", "embed", "model.embed", mm_embedding.needs_embed),
 }

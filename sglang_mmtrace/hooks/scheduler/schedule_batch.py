@@ -1,17 +1,45 @@
-"""Req (scheduler process): the adopted radix prefix match, and what admission reads of a request."""
+"""Req (scheduler process): a request's trace and its adopted radix prefix match, and what admission reads."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ... import switch
 from ..base import HookSpec, interval
 from . import state as ss
+
+_on = switch.gate("scheduler")
 
 
 def _match_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     tr = getattr(instance, "_mmtrace", None)
-    if tr is not None and not tr.admitted:
+    if tr is None:
+        tr = new_trace(instance, t0)
+        if tr is None:
+            return
+    if not tr.admitted:
         tr.t_match0, tr.t_match1 = t0, t1  # the last match before admission is the adopted one
+
+
+def new_trace(req: Any, t_match: float) -> ss.ReqTrace | None:
+    """A request's trace, made at its first radix match (the first time the scheduler's hooks see it).
+
+    Its receive and queue entry are what SGLang noted itself (``req.time_stats``: set in ``Req``'s
+    constructor and in ``_add_request_to_queue``, ``perf_counter`` as ours): the receive starts where
+    the ``recv_requests`` call that brought it did, when that call is still the last one to bring
+    requests (else at SGLang's own receive time). Without those times (a release that notes none) it
+    was queued at the match's start. None for a request queued before the scheduler's hooks were last
+    switched on: its receive was not watched, and its API side is not recorded either.
+    """
+    stats = getattr(req, "time_stats", None)
+    t_queue = getattr(stats, "wait_queue_entry_time", 0.0) or t_match
+    if t_queue < _on.since:
+        return None
+    t_recv = getattr(stats, "scheduler_recv_time", 0.0) or t_queue
+    if 0 < ss.last_recv_start <= t_recv:
+        t_recv = ss.last_recv_start
+    tr = req._mmtrace = ss.ReqTrace(t_recv, t_queue, req.rid)
+    return tr
 
 
 def prefix_images(req: Any, prefix: int) -> int:

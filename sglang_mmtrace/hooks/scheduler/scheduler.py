@@ -1,4 +1,8 @@
-"""Scheduler (scheduler process): receive, enqueue, and the prefill forward of each batch (admission)."""
+"""Scheduler (scheduler process): receive, and the prefill forward of each batch (admission).
+
+No hook on ``_add_request_to_queue``: a request's trace is made at its first radix match
+(``schedule_batch.new_trace``), from when SGLang itself noted it was received and queued
+(``req.time_stats``), one hooked call less on every request's way to its first token."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from typing import Any
 
 from ...patch import Direct
 from ...sinks import nvtx
-from ..base import HookSpec, arg, interval
+from ..base import HookSpec, interval
 from . import state as ss
 from .schedule_batch import admit
 
@@ -35,15 +39,6 @@ def _recv_make(kind: str) -> Direct:
         return recv_hook
 
     return Direct(build)
-
-
-def _enqueue_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    req = arg(args, kwargs, 0, "req")
-    if arg(args, kwargs, 1, "is_retracted") or getattr(req, "_mmtrace", None) is not None or exc is not None:
-        return
-    t_recv = ss.last_recv_start if 0 < ss.last_recv_start <= t0 else t0
-    req._mmtrace = ss.ReqTrace(t_recv, t1, req.rid)
-    ss.emit(req.rid, "scheduler.recv", t_recv, t1)
 
 
 def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -92,7 +87,6 @@ PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
     "scheduler.recv_requests": HookSpec("scheduler.recv_requests", make=_recv_make),
-    "scheduler.add_to_queue": interval("scheduler.add_to_queue", _enqueue_exit),
     # entered_only: a decode batch (every step of every request) only resets ``ss.current``
     "scheduler.run_batch": interval(
         "scheduler.run_batch", _run_exit, _run_enter, nvtx=("model.forward", _forward_detail), entered_only=True
@@ -101,9 +95,5 @@ HOOKS: dict[str, HookSpec] = {
 
 # the arguments each hook reads from its target (registry.READS_OF)
 READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
-    "scheduler.add_to_queue": (
-        (0, "req"),
-        (1, "is_retracted"),
-    ),
     "scheduler.run_batch": ((0, "batch"),),
 }
