@@ -212,3 +212,14 @@ def test_a_mixed_batch_decode_step_is_no_part_of_the_prefill(box: Box) -> None:
     result(lambda b, res: res, None, (last_chunk, "r"), {})
     assert [e[0] for e in box.sent if e[1] == "model.forward"] == [("A",)]
     assert req._mmtrace.fwd is None and req._mmtrace.first_token
+
+
+def test_the_prefix_match_range_names_a_request_from_its_first_match(box: Box) -> None:
+    """The range is pushed before the call, when a request's first match has no trace yet (its exit
+    step makes it): it still names the rid, and no longer once the request is admitted."""
+    req = Req("A")
+    assert schedule_batch._match_detail(req, (), {}) == "rid=A"
+    matched(req)
+    assert schedule_batch._match_detail(req, (), {}) == "rid=A"
+    req._mmtrace.admitted = True
+    assert schedule_batch._match_detail(req, (), {}) is None
