@@ -111,9 +111,12 @@ class Outbox:
         """Send the queued events (and the health, if asked) now, on the calling thread; never blocks."""
         t_sent = time.perf_counter()  # before emptying the queue: every event emitted earlier goes now
         batch: list[Event] = []
-        q = self._q
-        while q:
-            batch.append(q.popleft())
+        pop = self._q.popleft
+        try:  # the emitting thread and the control thread may both flush: a truth test then pop could lose
+            while True:  # the race for the last event, and an IndexError would drop the events taken so far
+                batch.append(pop())
+        except IndexError:
+            pass
         msgs = [("ev", self.process, self._pid, batch, t_sent)] if batch else []
         if heartbeat:
             msgs.append(("hb", self.process, self._pid, self.health(), t_sent))
