@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ... import runtime, switch
+from ... import runtime, switch, telemetry
 from ...join.context import WARMUP_HEADER, HttpCtx, current_http, now
+from ...telemetry import contained, maybe_inject
 from ..base import HookSpec, guarded
 
 STATE_PATH = "/mmtrace/state"
@@ -43,8 +44,12 @@ class MmtraceMiddleware:
         if not _http.on:
             await self.app(scope, receive, send)
             return
-        ctx = guarded(COMPONENT, _open, scope)
-        if ctx is None:
+        try:  # ``guarded`` inlined (every request)
+            if telemetry.armed is not False:
+                maybe_inject(COMPONENT)
+            ctx = _open(scope)
+        except Exception as exc:
+            contained(COMPONENT, exc)
             await self.app(scope, receive, send)
             return
         token = current_http.set(ctx)
