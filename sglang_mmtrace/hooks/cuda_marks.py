@@ -288,11 +288,11 @@ _loaded = False
 _ready = False
 _rings: dict[int, Marks] = {}
 _default: Marks | None = None
+"""The marks of the device that was current when first asked without one (a scheduler's: it never
+changes device), so a forward does not ask torch each time."""
 absent = False
 """True once this process is known to have no CUDA for marks (no CUDA runtime loaded, or no GPU): then
 ``Clock`` asks no more (``device_marks`` would answer None for the process's life)."""
-"""The marks of the device that was current when first asked without one (a scheduler's: it never
-changes device), so a forward does not ask torch each time."""
 
 
 def runtime() -> Runtime | None:
