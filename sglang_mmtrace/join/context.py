@@ -31,9 +31,6 @@ WARMUP_HEADER = b"x-mmtrace-warmup"
 ``report``, the metrics and so the dashboards leave it out (as SGLang's own start-up request)."""
 
 
-_ship = switch.gate("ship")
-
-
 class HttpCtx:
     """One HTTP exchange, as the ASGI middleware sees it."""
 
@@ -71,7 +68,7 @@ class HttpCtx:
         self.internal = path in INTERNAL_PATHS  # SGLang's own health probes: joined, never reported
         self.gen = switch.generation  # recorded only if it ends in the same switch generation
         self.gen_end: int | None = None  # the generation when the last body byte was sent
-        self.ship = _ship.on  # the setting it runs under decides, not the one when it is handed over
+        self.ship = switch.on("ship")  # the setting it runs under decides, not the one when it is handed over
         self.warmup = False  # the client said so (``WARMUP_HEADER``)
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None) -> None:

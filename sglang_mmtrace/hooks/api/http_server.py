@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ... import runtime, switch, telemetry
+from ... import runtime, switch
 from ...join.context import WARMUP_HEADER, HttpCtx, current_http, now
-from ...telemetry import contained, maybe_inject
 from ..base import HookSpec, guarded
 
 STATE_PATH = "/mmtrace/state"
@@ -44,12 +43,8 @@ class MmtraceMiddleware:
         if not _http.on:
             await self.app(scope, receive, send)
             return
-        try:  # ``guarded`` inlined (every request)
-            if telemetry.armed is not False:
-                maybe_inject(COMPONENT)
-            ctx = _open(scope)
-        except Exception as exc:
-            contained(COMPONENT, exc)
+        ctx = guarded(COMPONENT, _open, scope)
+        if ctx is None:
             await self.app(scope, receive, send)
             return
         token = current_http.set(ctx)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...join.context import current_http
-from ...stages import API
-from ..base import HookSpec, before, interval, now
+from ..base import HookSpec, arg, before, interval, now
 
 
 def _handle_request(instance: Any, args: tuple, kwargs: dict) -> None:
@@ -17,15 +16,13 @@ def _handle_request(instance: Any, args: tuple, kwargs: dict) -> None:
 
 def _convert_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     # Runs on the asyncio default executor: contextvars are not propagated there, the scope is.
-    raw_request = args[1] if len(args) > 1 else kwargs.get("raw_request")  # helpers inlined: TTFT path
+    raw_request = arg(args, kwargs, 1, "raw_request")
     state = getattr(raw_request, "scope", {}).get("state") or {}
     http = state.get("mmtrace")
     if http is not None:
         # From the handler's entry: the hop onto the executor thread is part of the conversion's cost.
         start = http.t_handle if http.t_handle is not None and http.t_handle <= t0 else t0
-        http.pre_events.append(
-            ("openai.convert", API, start, t1, "host", {"executor_wait_s": round(t0 - start, 9)}, None)
-        )
+        http.add("openai.convert", start, t1, {"executor_wait_s": round(t0 - start, 9)})
 
 
 PART = "http"  # the switch part that gates these hooks

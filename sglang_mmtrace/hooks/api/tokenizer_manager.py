@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from ... import config, runtime, telemetry
 from ...join.context import LIVE, ApiTrace, current_call, current_http, current_trace
-from ...stages import API
 from ..base import Enter, Exit, HookSpec, arg, before, error_class, interval, now
 
 
@@ -17,7 +17,7 @@ def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     owner = http or call
     if owner is None or exc is not None:
         return  # neither an HTTP request nor an Engine call (e.g. a streamed Engine request): untraced
-    obj = args[0] if args else kwargs.get("obj")  # helpers inlined: on every request's way to its first token
+    obj = arg(args, kwargs, 0, "obj")
     rids = obj.rid if isinstance(obj.rid, list) else [obj.rid]
     model = getattr(instance, "served_model_name", None) or ""
     capture = config.get().capture_content
@@ -29,8 +29,7 @@ def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         if rid is None or rid in LIVE:
             continue
         trace = ApiTrace(rid, http, model, t1 if call is None else call.t_call)
-        if getattr(instance, "enable_trace", True):  # SGLang's own tracing (a release without the flag: look)
-            trace.sglang_traceparent = _sglang_traceparent(instance, rid)
+        trace.sglang_traceparent = _sglang_traceparent(instance, rid)
         trace.warmup = warmup
         if capture:
             trace.content = _content(instance, obj, i if isinstance(obj.rid, list) else None)
@@ -78,20 +77,15 @@ def _request_scope(name: str) -> Enter:
     in the call (the multimodal processor) find it; ``name``: the argument that carries the rid."""
 
     def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
-        rid = getattr(args[0] if args else kwargs.get(name), "rid", None)
+        rid = getattr(arg(args, kwargs, 0, name), "rid", None)
         trace = LIVE.get(rid) if isinstance(rid, str) else None
         return trace, current_trace.set(trace)
 
     return enter
 
 
-def _scope_exit(stage: str) -> Exit:
-    """The matching exit step: the scope ends, the stage is filed and its outcome noted (``tokenize``:
-    the class of the exception that failed the request; ``dispatch``: whether it reached the scheduler).
-
-    Both run on every request's way to its first token: the stage's wire tuple is appended here
-    (``ApiTrace.add`` inlined) and the outcome set without a helper call."""
-    dispatch = stage == "dispatch"
+def _scope_exit(stage: str, then: Callable[[ApiTrace, BaseException | None], None]) -> Exit:
+    """The matching exit step: the scope ends, the stage is filed, ``then`` notes the outcome."""
 
     def exit_(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         if st is None:
@@ -99,17 +93,23 @@ def _scope_exit(stage: str) -> Exit:
         trace, token = st
         current_trace.reset(token)
         if trace is not None:
-            trace.events.append((stage, API, t0, t1, "host", {}, None))
-            if dispatch:
-                trace.dispatched = exc is None
-            elif exc is not None:
-                trace.error_class = error_class(exc)
+            trace.add(stage, t0, t1)
+            then(trace, exc)
 
     return exit_
 
 
+def _tokenized(trace: ApiTrace, exc: BaseException | None) -> None:
+    if exc is not None:
+        trace.error_class = error_class(exc)
+
+
+def _dispatched(trace: ApiTrace, exc: BaseException | None) -> None:
+    trace.dispatched = exc is None
+
+
 def _batch_output(instance: Any, args: tuple, kwargs: dict) -> None:
-    recv_obj = args[0] if args else kwargs.get("recv_obj")
+    recv_obj = arg(args, kwargs, 0, "recv_obj")
     rids = getattr(recv_obj, "rids", None)
     if not rids or not LIVE:
         return
@@ -176,13 +176,13 @@ HOOKS: dict[str, HookSpec] = {
     "tokenizer_manager.init_req_state": interval("tokenizer_manager.init_req_state", _init_exit),
     "tokenizer_manager.tokenize": interval(
         "tokenizer_manager.tokenize",
-        _scope_exit("tokenize"),
+        _scope_exit("tokenize", _tokenized),
         _request_scope("obj"),
         nvtx=("tokenize", _rid_of(0, "obj")),
     ),
     "tokenizer_manager.dispatch": interval(
         "tokenizer_manager.dispatch",
-        _scope_exit("dispatch"),
+        _scope_exit("dispatch", _dispatched),
         _request_scope("tokenized_obj"),
         nvtx=("dispatch", _rid_of(0, "tokenized_obj")),
     ),

@@ -39,9 +39,7 @@ def _enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     through, untimed) for a text request, an untraced one, or 0.5.17's ``cuda_ipc`` request whose
     pool copies were already its ``transport.prepare`` (PROC thread): this host step inside
     ``dispatch`` then moves no bytes, and a stage appears once per request."""
-    obj = args[0] if args else kwargs.get("obj")
-    if getattr(obj, "mm_inputs", None) is None:
-        return None  # a text request: no helper call on its way to the first token
+    obj = arg(args, kwargs, 0, "obj")
     items = _items(obj)
     if not items:
         return None
