@@ -174,7 +174,6 @@ def cuda(monkeypatch: pytest.MonkeyPatch, log: list[str]) -> Iterator[FakeCuda]:
     monkeypatch.setattr(cuda_marks, "_ready", False)
     monkeypatch.setattr(cuda_marks, "_rings", {})  # each test's fake CUDA starts with no ring
     monkeypatch.setattr(cuda_marks, "_default", None)
-    monkeypatch.setattr(cuda_marks, "absent", False)  # an earlier test on this CPU machine may have found none
     monkeypatch.setattr(cuda_marks, "CREATE_AHEAD", 1)  # one event per first-lap mark: the tests name them
     monkeypatch.setattr(cuda_marks, "watch", cuda_marks.CaptureWatch())  # not started: every mark asks
     tc = torch.cuda

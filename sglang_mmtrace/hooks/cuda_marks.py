@@ -290,9 +290,6 @@ _rings: dict[int, Marks] = {}
 _default: Marks | None = None
 """The marks of the device that was current when first asked without one (a scheduler's: it never
 changes device), so a forward does not ask torch each time."""
-absent = False
-"""True once this process is known to have no CUDA for marks (no CUDA runtime loaded, or no GPU): then
-``Clock`` asks no more (``device_marks`` would answer None for the process's life)."""
 
 
 def runtime() -> Runtime | None:
@@ -314,16 +311,14 @@ def runtime() -> Runtime | None:
 
 def device_marks(device: int | None = None) -> Marks | None:
     """The marks of ``device`` (default: the current one), or None while CUDA is not in use here."""
-    global _ready, _runtime, _default, absent
+    global _ready, _runtime, _default
     if not _ready:
         rt = runtime()
         if rt is None:
-            absent = True
             return None
         ready = rt.ready()
         if ready is None:  # a CUDA build of torch on a machine without a GPU (the CPU server): none appears later
             _runtime = None
-            absent = True
         if not ready:
             return None
         _ready = True  # CUDA stays initialized for the process's life

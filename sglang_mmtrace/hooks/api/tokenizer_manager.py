@@ -29,7 +29,8 @@ def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         if rid is None or rid in LIVE:
             continue
         trace = ApiTrace(rid, http, model, t1 if call is None else call.t_call)
-        trace.sglang_traceparent = _sglang_traceparent(instance, rid)
+        if getattr(instance, "enable_trace", True):  # SGLang's own tracing (a release without the flag: look)
+            trace.sglang_traceparent = _sglang_traceparent(instance, rid)
         trace.warmup = warmup
         if capture:
             trace.content = _content(instance, obj, i if isinstance(obj.rid, list) else None)
