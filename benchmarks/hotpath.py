@@ -789,6 +789,10 @@ def build_scheduler(
             self.reqs = reqs
             self.forward_mode = mode
             self.forward_batch = forward_batch
+            # the per-request lists prepare_for_extend sets, which the forward batch is built from
+            self.multimodal_inputs = [r.multimodal_inputs for r in reqs]
+            self.prefix_lens = forward_batch.extend_prefix_lens_cpu
+            self.extend_lens = forward_batch.extend_seq_lens_cpu
 
         def prepare_for_extend(self):
             return None

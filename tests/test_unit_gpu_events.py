@@ -1012,15 +1012,16 @@ def run_prefill_batch(cuda: FakeCuda, log: list[str]) -> tuple[Any, Any, list[Re
     sampling 0.5 ms. Events are completed (SGLang's ``copy_done`` sync) before the result is processed.
     """
     reqs = [Req("A"), Req("B"), Req("C", traced=False)]
-    batch = SimpleNamespace(reqs=reqs, forward_mode=extend_mode())
     items = [SimpleNamespace(hash=11, offsets=[(2, 9)]), SimpleNamespace(hash=22, offsets=[(2, 9)])]
-    forward_batch = SimpleNamespace(
+    # the ScheduleBatch's per-request lists, read at the forward's launch (schedule_batch.scan_images)
+    batch = SimpleNamespace(
+        reqs=reqs,
         forward_mode=extend_mode(),
-        rids=["A", "B", "C"],
-        mm_inputs=[SimpleNamespace(mm_items=[items[0]]), SimpleNamespace(mm_items=[items[1]]), None],
-        extend_prefix_lens_cpu=[0, 0, 0],
-        extend_seq_lens_cpu=[20, 20, 5],
+        multimodal_inputs=[SimpleNamespace(mm_items=[items[0]]), SimpleNamespace(mm_items=[items[1]]), None],
+        prefix_lens=[0, 0, 0],
+        extend_lens=[20, 20, 5],
     )
+    forward_batch = SimpleNamespace(forward_mode=extend_mode())
     vit = Wrapped("get_image_feature", cuda, gpu_ms=4.0, result="features")
     sample = Wrapped("sample", cuda, gpu_ms=0.5, result="next_ids")
 
@@ -1037,7 +1038,7 @@ def run_prefill_batch(cuda: FakeCuda, log: list[str]) -> tuple[Any, Any, list[Re
 
     def forward(fb: Any) -> str:
         log.append("forward")
-        return mm_embedding_legacy.HOOKS["mm_embedding_legacy.routine"].make("sync")(routine, None, ([0], fb), {})
+        return routine([0], fb)  # general_mm_embed_routine: no hook
 
     def run_batch(b: Any) -> str:
         model_runner.HOOKS["model_runner.forward"].make("sync")(forward, None, (forward_batch,), {})
@@ -1138,14 +1139,14 @@ def run_text_forward(
     ``run_batch`` returned (overlap with a grammar). GPU work: LM 3.1 ms, sampling 0.5 ms. Returns its
     ``model.prefill`` and ``model.sample`` events."""
     reqs = [Req(rid)]
-    batch = SimpleNamespace(reqs=reqs, forward_mode=extend_mode())
-    forward_batch = SimpleNamespace(
+    batch = SimpleNamespace(
+        reqs=reqs,
         forward_mode=extend_mode(),
-        rids=[rid],
-        mm_inputs=[SimpleNamespace(mm_items=[SimpleNamespace(hash=11, offsets=[(2, 9)])])],
-        extend_prefix_lens_cpu=[12],  # the image's tokens (2-9) are in the prefix
-        extend_seq_lens_cpu=[3],
+        multimodal_inputs=[SimpleNamespace(mm_items=[SimpleNamespace(hash=11, offsets=[(2, 9)])])],
+        prefix_lens=[12],  # the image's tokens (2-9) are in the prefix
+        extend_lens=[3],
     )
+    forward_batch = SimpleNamespace(forward_mode=extend_mode())
     embed = Wrapped("embed_mm_inputs", cuda, gpu_ms=0.1, result="embeds")
     sample = Wrapped("sample", cuda, gpu_ms=0.5, result="next_ids")
     hooked = {k: v.make("sync") for k, v in {**model_runner.HOOKS, **mm_embedding_legacy.HOOKS}.items()}
@@ -1156,7 +1157,7 @@ def run_text_forward(
         return "logits"
 
     def forward(fb: Any) -> str:
-        return hooked["mm_embedding_legacy.routine"](routine, None, ([0], fb), {})
+        return routine([0], fb)
 
     def run_batch(b: Any) -> str:
         hooked["model_runner.forward"](forward, None, (forward_batch,), {})

@@ -223,3 +223,37 @@ def test_the_prefix_match_range_names_a_request_from_its_first_match(box: Box) -
     assert schedule_batch._match_detail(req, (), {}) == "rid=A"
     req._mmtrace.admitted = True
     assert schedule_batch._match_detail(req, (), {}) is None
+
+
+def test_the_forwards_image_owners_are_read_from_the_batch_at_its_launch(box: Box) -> None:
+    """No hook on the model's embedding routine: which requests a prefill embeds (an image overlapping
+    its extend range) and which rid owns which image are read from the ScheduleBatch's per-request
+    lists when ``run_batch`` starts. A request whose image lies in its cached prefix embeds nothing;
+    an untraced request of the batch still owns its image (the encoder's NVTX range names it)."""
+    new, cached, text, untraced = Req("new"), Req("cached"), Req("text"), Req("untraced")
+    for r in (new, cached, text):
+        matched(r)
+    items = {r.rid: SimpleNamespace(hash=i, offsets=[(2, 9)]) for i, r in enumerate((new, cached, untraced))}
+    batch = SimpleNamespace(
+        reqs=[new, cached, text, untraced],
+        forward_mode=SimpleNamespace(is_extend=lambda: True),
+        decoding_reqs=None,
+        multimodal_inputs=[
+            SimpleNamespace(mm_items=[items[r.rid]]) if r.rid in items else None for r in (new, cached, text, untraced)
+        ],
+        prefix_lens=[0, 12, 0, 0],  # "cached": its image's tokens (2-9) are in the radix prefix
+        extend_lens=[20, 8, 5, 20],
+    )
+    seen: list[ss.FwdCtx] = []
+    hook("scheduler.run_batch", scheduler)(lambda b: seen.append(ss.current), None, (batch,), {})
+    (ctx,) = seen
+    assert ctx.rids == ("new", "cached", "text")
+    assert ctx.needs_embed == {"new": 1, "untraced": 1}
+    assert ctx.hash_to_rids == {0: ["new"], 1: ["cached"], 2: ["untraced"]}
+
+    # a text prefill: no image anywhere in the batch, nothing read past the list
+    other = Req("plain")
+    matched(other)
+    plain = SimpleNamespace(reqs=[other], forward_mode=batch.forward_mode, decoding_reqs=None, multimodal_inputs=[None])
+    hook("scheduler.run_batch", scheduler)(lambda b: seen.append(ss.current), None, (plain,), {})
+    assert seen[-1].needs_embed == {} and seen[-1].hash_to_rids == {}

@@ -2,7 +2,8 @@
 
 ``prepare_mm_inputs`` is the whole multimodal part of a prefill forward (embedding-cache lookups,
 vision encoder for the misses, scatter into the LM input embeddings); ``get_image_feature`` is
-called with exactly the items that missed the embedding cache.
+called with exactly the items that missed the embedding cache. Which requests a forward embeds, and
+which owns which item, was read from the batch at the forward's launch (``schedule_batch.scan_images``).
 """
 
 from __future__ import annotations
@@ -14,37 +15,12 @@ from . import state as ss
 from .model_runner import around_forward, marked
 
 
-def scan_batch(ctx: ss.FwdCtx, forward_batch: Any) -> None:
-    """Which requests need image embeddings in this extend, and which rid owns which item hash."""
-    mm_inputs = getattr(forward_batch, "mm_inputs", None) or ()
-    rids = getattr(forward_batch, "rids", None) or ()
-    prefix_lens = getattr(forward_batch, "extend_prefix_lens_cpu", None) or ()
-    seq_lens = getattr(forward_batch, "extend_seq_lens_cpu", None) or ()
-    for i, mm in enumerate(mm_inputs):
-        if mm is None or i >= len(rids):
-            continue
-        lo = prefix_lens[i] if i < len(prefix_lens) else 0
-        hi = lo + (seq_lens[i] if i < len(seq_lens) else 0)
-        overlapping = 0
-        for item in getattr(mm, "mm_items", None) or ():
-            ctx.hash_to_rids.setdefault(item.hash, []).append(rids[i])
-            if any(s < hi and e >= lo for s, e in (item.offsets or ())):
-                overlapping += 1
-        if overlapping:
-            ctx.needs_embed[rids[i]] = overlapping
-
-
 def _owners(ctx: ss.FwdCtx, items: Any) -> tuple[str, ...]:
     rids: dict[str, None] = {}
     for item in items:
         for rid in ctx.hash_to_rids.get(getattr(item, "hash", None), ()):
             rids[rid] = None
     return tuple(rids)
-
-
-def _scan_and_name(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
-    scan_batch(ctx, arg(args, kwargs, 1, "forward_batch"))
-    return needs_embed(ctx, args, kwargs)
 
 
 def needs_embed(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
@@ -64,7 +40,7 @@ def _store_vit(ctx: ss.FwdCtx, m0: Any, m1: Any, args: tuple, kwargs: dict) -> N
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "mm_embedding.prepare": marked("mm_embedding.prepare", "embed", "model.embed", _scan_and_name),
+    "mm_embedding.prepare": marked("mm_embedding.prepare", "embed", "model.embed", needs_embed),
     # every encoder call of the forward (one per batch of missed items), not only the first
     "mm_embedding.vision_encoder": around_forward(
         "mm_embedding.vision_encoder", "model.vision_encoder", _vit_owners, _store_vit
@@ -73,6 +49,5 @@ HOOKS: dict[str, HookSpec] = {
 
 # the arguments each hook reads from its target (registry.READS_OF)
 READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
-    "mm_embedding.prepare": ((1, "forward_batch"),),
     "mm_embedding.vision_encoder": ((0, "items"),),
 }

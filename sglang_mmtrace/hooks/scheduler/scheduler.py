@@ -13,7 +13,7 @@ from ...patch import Direct
 from ...sinks import nvtx
 from ..base import HookSpec, interval
 from . import state as ss
-from .schedule_batch import admit
+from .schedule_batch import admit, scan_images
 
 
 def _recv_make(kind: str) -> Direct:
@@ -63,6 +63,7 @@ def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     if not traces:
         return None
     ctx = ss.FwdCtx(traces, t, len(batch.reqs))
+    scan_images(ctx, batch)
     for tr in traces:  # the overlap scheduler processes a copy of the batch: keep it on the requests' traces
         if tr.fwd is None:
             tr.fwd = ctx
