@@ -85,13 +85,17 @@ GATE: list[bool] | None = None
 
 
 def wrap_method(cls: type, attr: str, hook_id: str, kind: str) -> None:
-    """What ``patch.apply`` does to a class attribute, on a stand-in class."""
-    setattr(cls, attr, hooked(cls, cls.__dict__[attr], hooks()[hook_id].make(kind), GATE))
+    """What ``patch.apply`` does to a class attribute, on a stand-in class (nothing for a hook that is
+    an NVTX range only: no tool is attached here, and the plugin applies none then)."""
+    spec = hooks()[hook_id]
+    if not spec.nvtx_only:
+        setattr(cls, attr, hooked(cls, cls.__dict__[attr], spec.make(kind), GATE))
 
 
 def wrap_function(fn: Callable[..., Any], hook_id: str, kind: str) -> Callable[..., Any]:
     """What ``patch.apply`` rebinds a module-level function to."""
-    return hooked(None, fn, hooks()[hook_id].make(kind), GATE)
+    spec = hooks()[hook_id]
+    return fn if spec.nvtx_only else hooked(None, fn, spec.make(kind), GATE)
 
 
 def switched_off(
@@ -343,7 +347,6 @@ FEATURE_BYTES = IMAGE_TOKENS * 4 * 1536 * 4  # pixel values of a 512x512 image, 
 
 API_HOOKS = (
     "http_server.app",
-    "openai_serving.handle_request",
     "openai_serving.convert",
     "tokenizer_manager.init_req_state",
     "tokenizer_manager.tokenize",
@@ -353,7 +356,6 @@ API_HOOKS = (
     "mm_processor.decode",
     "mm_processor.resize_normalize",
     "mm_processor.expand",
-    "tokenizer_manager.dispatch",
     "transport.wrap_shm_features",
     "tokenizer_manager.batch_output",
 )
@@ -408,8 +410,14 @@ def build_api(traced: bool, steps: int, skip: str | None = None) -> Callable[[bo
 
         def __init__(self) -> None:
             self.mm_processor = Processor()
+            self.rid_to_state: dict[str, Any] = {}
 
         def _init_req_state(self, obj, request=None):
+            # SGLang's own time stats of the rid (both arms), which the plugin reads dispatch's times from
+            stats = NS(
+                created_time=time.perf_counter(), api_server_dispatch_time=0.0, api_server_dispatch_finish_time=0.0
+            )
+            self.rid_to_state[obj.rid] = NS(time_stats=stats, dispatched=False)
             return None
 
         async def _tokenize_one_request(self, obj):
@@ -417,10 +425,13 @@ def build_api(traced: bool, steps: int, skip: str | None = None) -> Callable[[bo
             if obj.image_data:
                 await self.mm_processor.process_mm_data_async(obj.image_data, obj.text, obj)
                 mm = NS(mm_items=[NS(feature=Tensor(FEATURE_BYTES), offsets=MM_OUTPUT.mm_items[0].offsets)])
-            return NS(rid=obj.rid, mm_inputs=mm)
+            return NS(rid=obj.rid, mm_inputs=mm, time_stats=self.rid_to_state[obj.rid].time_stats)
 
         async def _send_one_request(self, tokenized_obj):
+            tokenized_obj.time_stats.api_server_dispatch_time = time.perf_counter()
             wrap_shm(tokenized_obj)
+            self.rid_to_state[tokenized_obj.rid].dispatched = True
+            tokenized_obj.time_stats.api_server_dispatch_finish_time = time.perf_counter()
 
         async def _handle_batch_output(self, recv_obj):
             return None
@@ -433,8 +444,10 @@ def build_api(traced: bool, steps: int, skip: str | None = None) -> Callable[[bo
             return request.adapted, request
 
         async def handle_request(self, request, raw_request):
+            received = time.perf_counter()  # SGLang notes the handler's start on the internal request
             tm = self.tm
             adapted, _ = self._convert_to_internal_request(request, raw_request)
+            adapted.received_time = received
             tm._init_req_state(adapted, request)
             tokenized = await tm._tokenize_one_request(adapted)
             await tm._send_one_request(tokenized)
@@ -447,6 +460,7 @@ def build_api(traced: bool, steps: int, skip: str | None = None) -> Callable[[bo
                 await send({"type": "http.response.body", "body": b'data: {"choices":[]}\n\n', "more_body": True})
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            tm.rid_to_state.pop(adapted.rid, None)  # SGLang drops a finished request's state
 
     wrap_shm = wrap_shm_features
     if traced:
@@ -467,7 +481,6 @@ def build_api(traced: bool, steps: int, skip: str | None = None) -> Callable[[bo
             (TokenizerManager, "_send_one_request", "tokenizer_manager.dispatch", "async"),
             (TokenizerManager, "_handle_batch_output", "tokenizer_manager.batch_output", "async"),
             (OpenAIServingChat, "_convert_to_internal_request", "openai_serving.convert", "sync"),
-            (OpenAIServingChat, "handle_request", "openai_serving.handle_request", "async"),
         ):
             if hid != skip:
                 wrap_method(cls, attr, hid, kind)

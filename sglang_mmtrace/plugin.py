@@ -21,6 +21,7 @@ from .manifest import HookEntry, Manifest
 from .manifest import load as load_manifest
 from .package import sglang_version
 from .patch import apply, follow, kind_of, resolve, unpatch
+from .sinks import nvtx
 
 logger = logging.getLogger("sglang_mmtrace")
 
@@ -136,8 +137,6 @@ def _install(role: str | None, join: bool) -> str | None:
 
             runtime.outbox.pending_gauges["occupancy"] = lambda: guarded("occupancy", occupancy.scheduler_sample)
         runtime.outbox.start()
-    from .sinks import nvtx
-
     nvtx.setup()
     _apply_hooks(manifest, role)
     switch.LISTENERS.append(follow_switch)
@@ -223,6 +222,8 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
         if spec is None:
             runtime.missing.append((entry.hook_id, entry.target, "no hook implementation"))
             continue
+        if spec.nvtx_only and nvtx.domain is None:
+            continue  # a range only, and no tool to see it
         res, why = check(entry)
         if why is not None:
             runtime.missing.append((entry.hook_id, entry.target, why))
@@ -269,7 +270,6 @@ def uninstall() -> None:
     runtime.uninstallers.clear()
     runtime.missing.clear()
     from .hooks import cuda_marks
-    from .sinks import nvtx
 
     nvtx.teardown()
     cuda_marks.watch.stop()

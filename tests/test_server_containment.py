@@ -175,7 +175,7 @@ def test_raising_server_counts_contained_errors_per_component(compared, raising_
     n_image = sum(1 for _, messages in _requests() if not isinstance(messages[0]["content"], str))
     for comp, n in (
         ("tokenizer_manager.tokenize", len(compared)),
-        ("tokenizer_manager.dispatch", len(compared)),
+        ("tokenizer_manager.init_req_state", len(compared)),
         ("mm_processor.process", n_image),
     ):
         assert st["api"]["errors"].get(comp, 0) >= n, f"{comp}: expected >= {n}\n{msg}"

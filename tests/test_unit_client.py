@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import pickle
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 import zmq
@@ -67,3 +68,45 @@ def test_a_finished_exchange_is_shipped_once_and_freed_without_the_garbage_colle
         assert alive(ids) == [], "a reference cycle kept the finished traces alive"
     finally:
         gc.enable()
+
+
+def test_dispatch_is_read_from_sglangs_own_notes_at_the_hand_over(wired: tuple[CollectorClient, zmq.Socket]) -> None:
+    """No hook times ``_send_one_request``: SGLang notes its start and end in the rid's time stats
+    (``api_server_dispatch_time``/``_finish_time``) and marks the rid's state dispatched, read when the
+    request is handed over. A request whose dispatch did not finish (it raised) has no ``dispatch``
+    stage and did not reach the scheduler. The prefix request of a parallel sampling is sent with the
+    prompt's time stats: it reached the scheduler (its own flag) with no ``dispatch`` of its own, and
+    the prompt, never sent itself, did not, though its time stats hold the prefix request's times. A
+    release whose state has no flag (0.5.18, 0.5.19) goes by the times. The trace lets go of the state."""
+    client, pull = wired
+    names = ["sent", "failed", "prefix", "prompt", "no_flag", "bare"]
+    http = exchange(names)
+    sent_times = SimpleNamespace(api_server_dispatch_time=1.3, api_server_dispatch_finish_time=1.35)
+    unsent = SimpleNamespace(api_server_dispatch_time=0.0, api_server_dispatch_finish_time=0.0)
+    states = {
+        "sent": SimpleNamespace(dispatched=True, time_stats=sent_times),
+        "failed": SimpleNamespace(
+            dispatched=False,
+            time_stats=SimpleNamespace(api_server_dispatch_time=1.3, api_server_dispatch_finish_time=0.0),
+        ),
+        "prefix": SimpleNamespace(dispatched=True, time_stats=unsent),
+        "prompt": SimpleNamespace(dispatched=False, time_stats=sent_times),
+        "no_flag": SimpleNamespace(time_stats=sent_times),
+    }
+    for trace in http.traces:
+        trace.sglang_state = states.get(trace.rid)
+    client.finish_http(http)
+    assert pull.poll(5000), "nothing shipped"
+    _kind, _process, _pid, (wires, _health) = pickle.loads(pull.recv())
+    shipped = {t.rid: t for t in map(from_wire, wires)}
+    dispatch = {rid: [(e.t0, e.t1) for e in t.events if e.name == "dispatch"] for rid, t in shipped.items()}
+    assert dispatch == {
+        "sent": [(1.3, 1.35)],
+        "failed": [],
+        "prefix": [],
+        "prompt": [],
+        "no_flag": [(1.3, 1.35)],
+        "bare": [],
+    }
+    assert {rid for rid, t in shipped.items() if t.dispatched} == {"sent", "prefix", "no_flag"}
+    assert all(t.sglang_state is None for t in http.traces)

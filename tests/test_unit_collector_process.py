@@ -16,15 +16,15 @@ import zmq
 from sglang_mmtrace import switch
 from sglang_mmtrace.config import Config
 from sglang_mmtrace.join.client import admin_request
-from sglang_mmtrace.join.collector import Collector
-from sglang_mmtrace.join.context import ApiTrace, HttpCtx, from_wire, to_wire
+from sglang_mmtrace.join.collector import Collector, build_record
+from sglang_mmtrace.join.context import NOT_SHIPPED, ApiTrace, HttpCtx, from_wire, to_wire
 from sglang_mmtrace.join.record import StageEvent
 
 
 def _trace(rid: str, dispatched: bool) -> ApiTrace:
     http = HttpCtx(100.0, "/v1/chat/completions")
     http.t_handle, http.t_first_body, http.t_last_body, http.status_code = 100.001, 100.05, 100.06, 200
-    http.add("openai.convert", 100.001, 100.002, {"executor_wait_s": 0.0})
+    http.convert = (100.001, 100.002)
     trace = ApiTrace(rid, http, "tiny", 100.003)
     http.traces.append(trace)
     trace.add("tokenize", 100.003, 100.010)
@@ -40,17 +40,17 @@ def test_wire_form_keeps_every_field():
     """The API side keeps its events as wire tuples; the collector gets ``StageEvent``s with the same fields."""
     trace = _trace("r1", True)
     back = from_wire(pickle.loads(pickle.dumps(to_wire(trace))))
-    events = ("events", "pre_events")
+    events = ("events",)
     for name in ApiTrace.__slots__:
-        if name not in ("http", "gpu_pending", *events):  # GPU stages are resolved before the hand-over
+        if name not in (*NOT_SHIPPED, *events):  # read into events before the hand-over
             assert getattr(back, name) == getattr(trace, name), name
-    assert len(to_wire(trace)[0]) == len(ApiTrace.__slots__) - 2
+    assert len(to_wire(trace)[0]) == len(ApiTrace.__slots__) - len(NOT_SHIPPED)
     for name in HttpCtx.__slots__:
         if name not in ("traces", *events):
             assert getattr(back.http, name) == getattr(trace.http, name), name
     assert back.events == [StageEvent(*e) for e in trace.events] and len(back.events) == 2
-    assert back.http.pre_events == [StageEvent(*e) for e in trace.http.pre_events] and len(back.http.pre_events) == 1
-    assert all(type(e) is StageEvent for e in back.events + back.http.pre_events)
+    assert back.http.convert == (100.001, 100.002)
+    assert all(type(e) is StageEvent for e in back.events)
     assert back.http.traces == [back]
 
 
@@ -305,3 +305,26 @@ def test_a_lagging_collector_waits_for_its_peers_not_for_a_timer(monkeypatch: py
     col._on_message(("hb", "scheduler", 7, {}, 102.5))  # the scheduler is alive; the detokenizer is gone
     col._flush_ready(clock[0])
     assert [r["rid"] for r in sink.records] == ["r1", "r2"]
+
+
+def test_openai_convert_is_filed_from_the_handlers_start_until_the_tokenizer_manager_holds_the_request():
+    """The hook keeps only the conversion call's two times; the record's ``openai.convert`` starts at
+    the handler's start (SGLang's ``received_time``: the executor hop before the call is
+    ``executor_wait_s``) and ends when the trace was made (the hop back, with ``converted_s`` the call's
+    own end), or at the call's end when that is later; ``http.parse`` ends at the handler's start."""
+    trace = _trace("r1", True)
+    trace.http.convert = (100.0012, 100.002)  # called 0.2 ms after the handler started (the executor hop)
+    stages = {s["name"]: s for s in build_record(_received(trace), [], "0.5.23", 0.0)["stages"]}
+    convert = stages["openai.convert"]
+    assert convert["start_s"] == pytest.approx(0.001) and convert["dur_s"] == pytest.approx(0.002)  # to t_created
+    assert convert["attrs"] == {"executor_wait_s": pytest.approx(0.0002), "converted_s": pytest.approx(0.001)}
+    assert stages["http.parse"]["start_s"] == 0.0 and stages["http.parse"]["dur_s"] == pytest.approx(0.001)
+
+    trace.http.convert = (100.0012, 100.004)  # ends after the trace was made: its own end
+    convert = {s["name"]: s for s in build_record(_received(trace), [], "0.5.23", 0.0)["stages"]}["openai.convert"]
+    assert convert["dur_s"] == pytest.approx(0.003) and "converted_s" not in convert["attrs"]
+
+
+def _received(trace: ApiTrace) -> ApiTrace:
+    """The trace as the collector process gets it."""
+    return from_wire(pickle.loads(pickle.dumps(to_wire(trace))))

@@ -175,7 +175,7 @@ def test_the_static_check_agrees_with_the_runtime_resolution_on_the_installed_sg
     static = mc.check(manifest, mc.installed_source(version))
     runtime = [runtime_check(e)[1] for e in manifest.hooks]
     assert [r.ok for r in static] == [why is None for why in runtime] == [True] * len(manifest.hooks)
-    drifted = replace(_entry(version, "openai_serving.handle_request"), kind="sync")  # it is async
+    drifted = replace(_entry(version, "tokenizer_manager.tokenize"), kind="sync")  # it is async
     assert runtime_check(drifted)[1] == mc.check_entry(mc.Tree(mc.installed_source(version)), drifted).why
 
 

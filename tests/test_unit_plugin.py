@@ -129,3 +129,25 @@ def test_a_tokenizer_worker_joins_its_parents_collector_and_leaves_it_running(ap
     assert runtime.collector.process is not None and os.environ[plugin.ev.SGLANG_MMTRACE_COLLECTOR_OWNER] == str(
         os.getpid()
     )
+
+
+def test_a_range_only_hook_is_applied_only_where_an_nvtx_tool_is_attached(api_install, monkeypatch):
+    """``tokenizer_manager.dispatch`` only brackets ``_send_one_request`` with its NVTX range (the
+    stage's times are SGLang's own): with no tool attached SGLang's function stays as it is, with one
+    the hook is in place."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    original = vars(TokenizerManager)["_send_one_request"]
+    plugin.install("api")
+    hook_ids = {a.hook_id for a in runtime.applied}
+    assert nvtx.domain is None and "tokenizer_manager.init_req_state" in hook_ids
+    assert "tokenizer_manager.dispatch" not in hook_ids
+    assert vars(TokenizerManager)["_send_one_request"] is original
+    assert all(m[0] != "tokenizer_manager.dispatch" for m in runtime.missing)  # not applied, not missing
+    plugin.uninstall()
+
+    monkeypatch.setattr(nvtx, "setup", lambda: setattr(nvtx, "domain", object()) or True)  # a tool attached
+    monkeypatch.setattr(nvtx, "teardown", lambda: setattr(nvtx, "domain", None))
+    plugin.install("api")
+    assert "tokenizer_manager.dispatch" in {a.hook_id for a in runtime.applied}
+    assert vars(TokenizerManager)["_send_one_request"] is not original

@@ -34,12 +34,15 @@ class HookSpec:
     wrapt's convention); ``patch.hooked`` installs either; ``install(obj)`` is for
     targets that are objects rather than callables (the ASGI app). ``gated=False`` for hooks that
     set the plugin up rather than measure (they keep working while the switch is off).
+    ``nvtx_only=True`` for a hook that only brackets the call with its NVTX range (``ranged``): it is
+    applied only in a process with an NVTX tool attached, and elsewhere costs nothing.
     """
 
     component: str
     make: Callable[[str], Wrapper | Direct] | None = None
     install: Callable[[Any], Callable[[], None]] | None = None
     gated: bool = True
+    nvtx_only: bool = False
 
 
 def guarded(component: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -184,6 +187,18 @@ def interval(
     if entered_only and on_enter is None:
         raise ValueError(f"{component}: entered_only needs an on_enter")
     return HookSpec(component, make=make)
+
+
+def _no_stage(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """The exit step of a ``ranged`` hook: its stage's times are not this call's to file."""
+
+
+def ranged(component: str, nvtx: Nvtx) -> HookSpec:
+    """A hook that only brackets the call with its NVTX range, for a stage whose times SGLang notes
+    itself (read when the request is handed over): applied only where a tool is attached, so without
+    one the call has no frame of ours (``HookSpec.nvtx_only``)."""
+    spec = interval(component, _no_stage, nvtx=nvtx)
+    return HookSpec(component, make=spec.make, nvtx_only=True)
 
 
 def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> HookSpec:

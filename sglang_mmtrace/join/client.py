@@ -109,8 +109,10 @@ class CollectorClient:
                 trace.discard = True
             elif not (http.ship if http is not None else _ship.on):
                 continue
-            elif trace.gpu_pending:
-                trace.resolve_gpu()
+            else:
+                trace.read_sglang_notes()
+                if trace.gpu_pending:
+                    trace.resolve_gpu()
             out.append(trace)
         if self._tokenizer_manager is not None and self._occupancy_timer is None:
             self._occupancy_tick()  # the first finished request runs on the serving loop: the timer starts there
@@ -123,7 +125,7 @@ class CollectorClient:
             if not self._send(([to_wire(tr) for tr in out], health)):
                 telemetry.drop("collector", len(out))
         for trace in closed:
-            trace.http = None
+            trace.http = trace.sglang_state = None
 
     def _health(self) -> dict[str, Any]:
         return {"errors": dict(telemetry.errors), "dropped": dict(telemetry.dropped)}

@@ -497,13 +497,16 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     arrival = http.t_arrival if http is not None else trace.t_created
     events: list[StageEvent] = []
     if http is not None:
-        for e in http.pre_events:
-            if e.name == "openai.convert" and trace.t_created > e.t1:
+        if http.convert is not None:
+            c0, c1 = http.convert
+            # From the handler's start: the hop onto the executor thread (0.5.23) is part of the conversion.
+            start = http.t_handle if http.t_handle is not None and http.t_handle <= c0 else c0
+            attrs = {"executor_wait_s": round(c0 - start, 9)}
+            end = c1
+            if trace.t_created > c1:
                 # Until the TokenizerManager holds the internal request: includes the executor's return hop.
-                e = StageEvent(
-                    e.name, e.process, e.t0, trace.t_created, e.clock, {**e.attrs, "converted_s": round(e.t1 - e.t0, 9)}
-                )
-            events.append(e)
+                end, attrs["converted_s"] = trace.t_created, round(c1 - start, 9)
+            events.append(StageEvent("openai.convert", API, start, end, "host", attrs))
         events.append(StageEvent("http.parse", API, arrival, http.t_handle or trace.t_created))
     events.extend(trace.events)
     joined = _join_stages(trace, remote)  # completes the remote events it joins (clamps, attrs)

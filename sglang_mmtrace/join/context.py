@@ -43,7 +43,7 @@ class HttpCtx:
         "disconnected",
         "error",
         "traces",
-        "pre_events",
+        "convert",
         "traceparent",
         "path",
         "internal",
@@ -63,17 +63,14 @@ class HttpCtx:
         self.disconnected = False
         self.error: str | None = None
         self.traces: list[ApiTrace] = []
-        self.pre_events: list[WireEvent] = []
+        self.convert: tuple[float, float] | None = None
+        """The OpenAI conversion's call (start, end): ``openai.convert`` is filed from it by the collector."""
         self.traceparent: str | None = None
         self.internal = path in INTERNAL_PATHS  # SGLang's own health probes: joined, never reported
         self.gen = switch.generation  # recorded only if it ends in the same switch generation
         self.gen_end: int | None = None  # the generation when the last body byte was sent
         self.ship = switch.on("ship")  # the setting it runs under decides, not the one when it is handed over
         self.warmup = False  # the client said so (``WARMUP_HEADER``)
-
-    def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None) -> None:
-        """A stage measured before the exchange's requests have traces (``openai.convert``)."""
-        self.pre_events.append((name, API, t0, t1, "host", attrs or {}, None))
 
 
 class ApiTrace:
@@ -85,7 +82,6 @@ class ApiTrace:
         "model",
         "t_created",
         "events",
-        "image_sizes",
         "image_meta",
         "images",
         "preprocess",
@@ -106,6 +102,7 @@ class ApiTrace:
         "discard",
         "warmup",
         "gpu_pending",
+        "sglang_state",
     )
 
     def __init__(self, rid: str, http: HttpCtx | None, model: str, t_created: float) -> None:
@@ -114,7 +111,6 @@ class ApiTrace:
         self.model = model
         self.t_created = t_created
         self.events: list[WireEvent] = []
-        self.image_sizes: dict[str, tuple[int, int]] = {}
         self.image_meta: dict[str, dict[str, Any]] = {}
         self.images: list[dict[str, Any]] = []
         self.preprocess: list[str] = []
@@ -135,6 +131,7 @@ class ApiTrace:
         self.discard = False  # crossed a switch flip: no record
         self.warmup = False  # a warm-up request (SGLang's start-up request, or marked by its client)
         self.gpu_pending: list[tuple[str, float, float, dict[str, Any], Any, int]] = []  # see add_gpu
+        self.sglang_state: Any = None  # SGLang's own state of the rid (its ReqState): see read_sglang_notes
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
         self.events.append((name, API, t0, t1, clock, attrs or {}, None))
@@ -145,6 +142,30 @@ class ApiTrace:
         off its path to the first token (a read is a CUDA call, 5-30 µs there), and by then the GPU has
         long passed the mark."""
         self.gpu_pending.append((name, t0, t1, attrs, ref, end))
+
+    def read_sglang_notes(self) -> None:
+        """What SGLang notes itself about the rid, read once the request is handed over: whether it
+        reached the scheduler (``ReqState.dispatched``, set for the rid that was sent) and ``dispatch``,
+        from the start and end of ``_send_one_request`` in its time stats (``api_server_dispatch_time``,
+        ``..._finish_time``; ``perf_counter`` as ours, 0.5.17-0.5.23). No hook on that call, then: one
+        hooked call less on every request's way to its first token (its NVTX range has a hook only where
+        a tool is attached, ``hooks.base.ranged``). Lets go of the state.
+
+        The time stats can be another rid's: the prefix request of a parallel sampling (n > 1) is sent
+        with the prompt's. So the state's own flag says whether the rid was sent (times then only when
+        they are its own: the prefix request has no ``dispatch`` stage); only a release whose
+        ``ReqState`` has no flag (0.5.18, 0.5.19) goes by the times alone."""
+        state, self.sglang_state = self.sglang_state, None
+        stats = getattr(state, "time_stats", None)
+        t0 = getattr(stats, "api_server_dispatch_time", 0.0)
+        t1 = getattr(stats, "api_server_dispatch_finish_time", 0.0)
+        sent = getattr(state, "dispatched", None)
+        if sent is None:
+            sent = 0.0 < t0 <= t1
+        if sent:
+            self.dispatched = True
+            if 0.0 < t0 <= t1:
+                self.add("dispatch", t0, t1)
 
     def resolve_gpu(self) -> None:
         """File the stages ``add_gpu`` held: from the host call's start to the later of its return and
@@ -182,9 +203,12 @@ LIVE: dict[str, ApiTrace] = {}
 
 
 # -- the wire form: what the API process sends the collector process for a finished request --------
-_EVENT_LISTS = frozenset({"events", "pre_events"})
+_EVENT_LISTS = frozenset({"events"})
 _HTTP_WIRE = tuple(s for s in HttpCtx.__slots__ if s != "traces")  # siblings are not needed there
-_TRACE_WIRE = tuple(s for s in ApiTrace.__slots__ if s not in ("http", "gpu_pending"))  # resolved before
+NOT_SHIPPED = ("http", "gpu_pending", "sglang_state")
+"""``ApiTrace`` fields that stay in the API process: the exchange (shipped beside it), and what is read
+into events before the hand-over (``resolve_gpu``, ``read_sglang_notes``)."""
+_TRACE_WIRE = tuple(s for s in ApiTrace.__slots__ if s not in NOT_SHIPPED)
 
 
 def _pack(obj: Any, names: tuple[str, ...]) -> tuple:

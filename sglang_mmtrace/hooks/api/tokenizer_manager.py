@@ -8,7 +8,7 @@ from typing import Any
 
 from ... import config, runtime, telemetry
 from ...join.context import LIVE, ApiTrace, current_call, current_http, current_trace
-from ..base import Enter, Exit, HookSpec, arg, before, error_class, interval, now
+from ..base import Enter, Exit, HookSpec, arg, before, error_class, interval, now, ranged
 
 
 def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -18,8 +18,15 @@ def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     if owner is None or exc is not None:
         return  # neither an HTTP request nor an Engine call (e.g. a streamed Engine request): untraced
     obj = arg(args, kwargs, 0, "obj")
+    if http is not None and http.t_handle is None:
+        # SGLang noted the OpenAI handler's start (perf_counter): where HTTP parsing ended. None on the
+        # native endpoints, whose parsing then ends at the trace's creation (``build_record``).
+        received = getattr(obj, "received_time", None)
+        if isinstance(received, float) and received >= http.t_arrival:
+            http.t_handle = received
     rids = obj.rid if isinstance(obj.rid, list) else [obj.rid]
     model = getattr(instance, "served_model_name", None) or ""
+    states = getattr(instance, "rid_to_state", None) or {}
     capture = config.get().capture_content
     # SGLang's own start-up request runs while its server status is still "Starting"
     warmup = (http is not None and http.warmup) or getattr(
@@ -29,8 +36,9 @@ def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         if rid is None or rid in LIVE:
             continue
         trace = ApiTrace(rid, http, model, t1 if call is None else call.t_call)
+        state = trace.sglang_state = states.get(rid)  # read at the hand-over: dispatch's times
         if getattr(instance, "enable_trace", True):  # SGLang's own tracing (a release without the flag: look)
-            trace.sglang_traceparent = _sglang_traceparent(instance, rid)
+            trace.sglang_traceparent = _sglang_traceparent(getattr(state, "time_stats", None))
         trace.warmup = warmup
         if capture:
             trace.content = _content(instance, obj, i if isinstance(obj.rid, list) else None)
@@ -60,10 +68,9 @@ def _content(instance: Any, obj: Any, i: int | None) -> dict[str, Any]:
     return {"prompt": prompt if isinstance(prompt, str) else None, "image_urls": urls}
 
 
-def _sglang_traceparent(instance: Any, rid: str) -> str | None:
+def _sglang_traceparent(stats: Any) -> str | None:
     """With SGLang's --enable-trace on, our spans join its trace under its root span."""
-    state = getattr(instance, "rid_to_state", {}).get(rid)
-    trace_ctx = getattr(getattr(state, "time_stats", None), "trace_ctx", None)
+    trace_ctx = getattr(stats, "trace_ctx", None)
     if not getattr(trace_ctx, "tracing_enable", False) or getattr(trace_ctx, "root_span_context", None) is None:
         return None
     from opentelemetry import propagate
@@ -103,10 +110,6 @@ def _scope_exit(stage: str, then: Callable[[ApiTrace, BaseException | None], Non
 def _tokenized(trace: ApiTrace, exc: BaseException | None) -> None:
     if exc is not None:
         trace.error_class = error_class(exc)
-
-
-def _dispatched(trace: ApiTrace, exc: BaseException | None) -> None:
-    trace.dispatched = exc is None
 
 
 def _batch_output(instance: Any, args: tuple, kwargs: dict) -> None:
@@ -181,12 +184,8 @@ HOOKS: dict[str, HookSpec] = {
         _request_scope("obj"),
         nvtx=("tokenize", _rid_of(0, "obj")),
     ),
-    "tokenizer_manager.dispatch": interval(
-        "tokenizer_manager.dispatch",
-        _scope_exit("dispatch", _dispatched),
-        _request_scope("tokenized_obj"),
-        nvtx=("dispatch", _rid_of(0, "tokenized_obj")),
-    ),
+    # dispatch's times are SGLang's own (ApiTrace.read_sglang_notes): this hook is its NVTX range only
+    "tokenizer_manager.dispatch": ranged("tokenizer_manager.dispatch", ("dispatch", _rid_of(0, "tokenized_obj"))),
     "tokenizer_manager.batch_output": before("tokenizer_manager.batch_output", _batch_output),
     "tokenizer_manager.abort": before("tokenizer_manager.abort", _abort),
 }
