@@ -75,10 +75,8 @@ def scan_images(ctx: ss.FwdCtx, batch: Any) -> None:
     ``ScheduleBatch`` at the forward's launch (``scheduler.run_batch``). Its per-request lists (the
     multimodal inputs, prefix and extend lengths, every release 0.5.17-0.5.23) are what SGLang builds the
     forward batch from, so no hook on the model's embedding routine is needed to read them: one hooked
-    call less in every forward. A batch with no image (a text prefill) costs one ``any``."""
-    mm_inputs = getattr(batch, "multimodal_inputs", None)
-    if not mm_inputs or not any(mm_inputs):
-        return
+    call less in every forward. Called for a batch with an image (``run_batch`` tests that inline)."""
+    mm_inputs = batch.multimodal_inputs
     reqs = batch.reqs
     prefix_lens = getattr(batch, "prefix_lens", None) or ()
     extend_lens = getattr(batch, "extend_lens", None) or ()

@@ -63,7 +63,9 @@ def _run_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     if not traces:
         return None
     ctx = ss.FwdCtx(traces, t, len(batch.reqs))
-    scan_images(ctx, batch)
+    mm_inputs = getattr(batch, "multimodal_inputs", None)
+    if mm_inputs and any(mm_inputs):  # a text prefill makes no call for it
+        scan_images(ctx, batch)
     for tr in traces:  # the overlap scheduler processes a copy of the batch: keep it on the requests' traces
         if tr.fwd is None:
             tr.fwd = ctx
