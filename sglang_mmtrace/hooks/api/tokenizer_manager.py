@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from ... import config, runtime, telemetry
 from ...join.context import LIVE, ApiTrace, current_call, current_http, current_trace
-from ..base import Enter, Exit, HookSpec, arg, before, error_class, interval, now, ranged
+from ..base import HookSpec, arg, before, error_class, interval, now, ranged
 
 
 def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -80,36 +79,24 @@ def _sglang_traceparent(stats: Any) -> str | None:
     return carrier.get("traceparent")
 
 
-def _request_scope(name: str) -> Enter:
-    """An enter step that makes the request's trace current while SGLang works on it, so hooks deeper
-    in the call (the multimodal processor) find it; ``name``: the argument that carries the rid."""
-
-    def enter(instance: Any, args: tuple, kwargs: dict) -> Any:
-        rid = getattr(arg(args, kwargs, 0, name), "rid", None)
-        trace = LIVE.get(rid) if isinstance(rid, str) else None
-        return trace, current_trace.set(trace)
-
-    return enter
+def _tokenize_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Make the request's trace current while SGLang tokenizes it, so hooks deeper in the call (the
+    multimodal processor) find it."""
+    rid = getattr(arg(args, kwargs, 0, "obj"), "rid", None)
+    trace = LIVE.get(rid) if isinstance(rid, str) else None
+    return trace, current_trace.set(trace)
 
 
-def _scope_exit(stage: str, then: Callable[[ApiTrace, BaseException | None], None]) -> Exit:
-    """The matching exit step: the scope ends, the stage is filed, ``then`` notes the outcome."""
-
-    def exit_(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-        if st is None:
-            return
-        trace, token = st
-        current_trace.reset(token)
-        if trace is not None:
-            trace.add(stage, t0, t1)
-            then(trace, exc)
-
-    return exit_
-
-
-def _tokenized(trace: ApiTrace, exc: BaseException | None) -> None:
-    if exc is not None:
-        trace.error_class = error_class(exc)
+def _tokenize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """The scope ends; ``tokenize`` is filed, with the class of the exception that failed the request."""
+    if st is None:
+        return
+    trace, token = st
+    current_trace.reset(token)
+    if trace is not None:
+        trace.add("tokenize", t0, t1)
+        if exc is not None:
+            trace.error_class = error_class(exc)
 
 
 def _batch_output(instance: Any, args: tuple, kwargs: dict) -> None:
@@ -180,8 +167,8 @@ HOOKS: dict[str, HookSpec] = {
     "tokenizer_manager.init_req_state": interval("tokenizer_manager.init_req_state", _init_exit),
     "tokenizer_manager.tokenize": interval(
         "tokenizer_manager.tokenize",
-        _scope_exit("tokenize", _tokenized),
-        _request_scope("obj"),
+        _tokenize_exit,
+        _tokenize_enter,
         nvtx=("tokenize", _rid_of(0, "obj")),
     ),
     # dispatch's times are SGLang's own (ApiTrace.read_sglang_notes): this hook is its NVTX range only
