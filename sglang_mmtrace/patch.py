@@ -10,6 +10,9 @@ server a hook runs with cold CPU caches (SGLang's own work runs between two of i
 wrapt's proxy objects cost more than the hook: per call, cold, a wrapt wrapper added 23 µs to an
 interval hook, the closure 13.5 µs and a ``Direct`` hook 12.2 µs (``benchmarks/cold_wrappers.py``); on
 the H200 the hooks' cold cost was most of the plugin's TTFT cost (``benchmarks/hotpath.py --cold``).
+The hook modules' ``Direct`` hooks are generated for their target (``call_shape``,
+``compile_replacement``): its own parameters instead of ``*args, **kwargs``, which halved a hooked
+call's cold cost again (``benchmarks/results/hotpath-exact-skeleton-cpu-20261205/``).
 All keep the signature (``__wrapped__``) and the switch's gate (``enabled``, tested before the hook runs).
 
 Functions that SGLang re-imports by name (``from mm_utils import wrap_shm_features``) are re-bound
@@ -26,6 +29,7 @@ import asyncio
 import functools
 import importlib
 import inspect
+import linecache
 import logging
 import sys
 import types
@@ -109,6 +113,99 @@ def _coroutine_function(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _ALWAYS = [True]
+_NO_KWARGS: Any = types.MappingProxyType({})
+"""The ``kwargs`` a generated replacement hands its hook for a target that takes no ``**kwargs`` and
+no keyword-only parameter: every argument is then in ``rest``, by position, however it was passed."""
+_PREFIX = "_mt_"  # the generated code's own names; a target whose parameters use it gets the star form
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """How a replacement generated for one target (``compile_replacement``) takes its arguments and
+    passes them on: source fragments, and the defaults they refer to.
+
+    Why generated: a replacement written as ``def hook(*args, **kwargs): ... func(*args, **kwargs)``
+    packs a tuple and a dict on every call and calls its target through ``CALL_FUNCTION_EX``, which
+    CPython 3.11 does not inline (a second run of the eval loop in C); with cold caches that costs
+    ~5-8 µs per hooked call, more than the hook's own work (``benchmarks/cold_wrappers.py``). A
+    replacement with the target's own parameters calls it as SGLang does, with the same values
+    (a default is passed explicitly, as the object the target would have used).
+    """
+
+    params: str  # the replacement's parameter list
+    call: str  # the target's arguments
+    instance: str  # ``self``/``cls`` (a method or class method), else None
+    rest: str  # a tuple of the other positional arguments
+    kwargs: str  # a mapping of the keyword-only arguments (or the target's ``**kwargs``)
+    defaults: dict[str, Any]
+
+
+def call_shape(func: Callable[..., Any], bound: bool) -> CallShape:
+    """The target's own parameters where its code says them plainly; the star form (``*args,
+    **kwargs``) for one that takes ``*args`` or ``**kwargs`` or whose names clash with ours."""
+    code = getattr(func, "__code__", None)
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount] if code is not None else ()
+    star = (
+        code is None
+        or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        or (bound and code.co_argcount == 0)
+        or any(n.startswith(_PREFIX) for n in names)
+    )
+    if star:
+        return CallShape(
+            params="*_mt_args, **_mt_kwargs",
+            call="*_mt_args, **_mt_kwargs",
+            instance="_mt_args[0]" if bound else "None",
+            rest="_mt_args[1:]" if bound else "_mt_args",
+            kwargs="_mt_kwargs",
+            defaults={},
+        )
+    assert code is not None
+    positional, keyword = names[: code.co_argcount], names[code.co_argcount :]
+    pos_defaults = func.__defaults__ or ()
+    first_default = len(positional) - len(pos_defaults)
+    defaults: dict[str, Any] = {}
+    params: list[str] = []
+    for i, name in enumerate(positional):
+        if i >= first_default:
+            defaults[f"_mt_d{i}"] = pos_defaults[i - first_default]
+            params.append(f"{name}=_mt_d{i}")
+        else:
+            params.append(name)
+        if i + 1 == code.co_posonlyargcount:
+            params.append("/")
+    if keyword:
+        params.append("*")
+        kw_defaults = func.__kwdefaults__ or {}
+        for j, name in enumerate(keyword):
+            if name in kw_defaults:
+                defaults[f"_mt_k{j}"] = kw_defaults[name]
+                params.append(f"{name}=_mt_k{j}")
+            else:
+                params.append(name)
+    others = positional[1:] if bound else positional
+    return CallShape(
+        params=", ".join(params),
+        call=", ".join([*positional, *(f"{n}={n}" for n in keyword)]),
+        instance=positional[0] if bound else "None",
+        rest=f"({', '.join(others)}{',' if len(others) == 1 else ''})",
+        kwargs="{" + ", ".join(f"{n!r}: {n}" for n in keyword) + "}" if keyword else "_mt_no_kwargs",
+        defaults=defaults,
+    )
+
+
+def compile_replacement(source: str, namespace: dict[str, Any], func: Callable[..., Any], label: str) -> Any:
+    """Compile ``source``, which defines ``_mt_hook``, in ``namespace`` (with ``_mt_no_kwargs``), named
+    as ``func`` is (so a call with wrong arguments fails with the message the target's own would
+    give), its source kept in ``linecache`` for tracebacks under the file name ``<mmtrace LABEL>``."""
+    filename = f"<mmtrace {label}>"
+    namespace["_mt_no_kwargs"] = _NO_KWARGS
+    exec(compile(source, filename, "exec"), namespace)
+    hook = namespace.pop("_mt_hook")  # not left in its own globals: no function <-> namespace cycle
+    name = getattr(func, "__name__", "_mt_hook")
+    hook.__code__ = hook.__code__.replace(co_name=name, co_qualname=getattr(func, "__qualname__", name))
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return hook
 
 
 @dataclass(frozen=True)
@@ -123,7 +220,8 @@ class Direct:
     a bound method built per call (cold, an interval hook cost 13.5 µs per call that way, 12.2 µs built
     in, and 8.1 against 4.2 µs with its gate closed; ``benchmarks/cold_wrappers.py``,
     ``benchmarks/results/direct-hooks-cpu-20261203/``). Called with wrapt's ``(wrapped, instance, args, kwargs)``
-    it still works (a target ``hooked`` cannot replace by a function, a test calling the hook alone).
+    it still works (a target ``hooked`` cannot replace by a function, a test calling the hook alone):
+    ``build`` then gets a function of ``*args, **kwargs``, and a generated hook takes the star form.
     """
 
     build: Callable[[Callable[..., Any], Any, bool], Callable[..., Any]]

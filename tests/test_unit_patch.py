@@ -392,3 +392,99 @@ def test_forward_marks_contain_failures_and_call_once(monkeypatch, fails):
     assert stored == ([] if fails != "none" else [(0.0, 1.0), (2.0, 3.0)])
     monkeypatch.setattr(ss, "current", None)
     assert wrapper(target, None, (1,), {}) == 2 and len(calls) == 3  # outside a prefill: straight through
+
+
+def _shapes_module() -> types.ModuleType:
+    mod = types.ModuleType("mmtrace_shapes")
+
+    class Target:
+        calls: list = []
+
+        def plain(self, a, b=None, /, c=3, *, d, e="e"):
+            Target.calls.append((a, b, c, d, e))
+            return (a, b, c, d, e)
+
+        def star(self, *args, **kwargs):
+            Target.calls.append((args, kwargs))
+            return (args, kwargs)
+
+        def clash(self, _mt_func, x):
+            Target.calls.append((_mt_func, x))
+            return x
+
+    mod.Target = Target
+    sys.modules[mod.__name__] = mod
+    return mod
+
+
+@pytest.fixture
+def shapes():
+    mod = _shapes_module()
+    yield mod
+    sys.modules.pop(mod.__name__, None)
+
+
+def _source(hook) -> str:
+    import linecache
+
+    return "".join(linecache.getlines(hook.__code__.co_filename))
+
+
+@pytest.mark.parametrize("attr", ["plain", "star", "clash"])
+def test_a_generated_hook_takes_its_targets_own_parameters_and_passes_them_on_unchanged(shapes, attr):
+    """``patch.call_shape``: the replacement has the target's signature (positional-only, defaults,
+    keyword-only) or, for ``*args``/``**kwargs`` and names that clash with the generated code's, the
+    star form; either way the target gets the values the caller gave (defaults as the target's own
+    objects), once, and the hook sees the positional ones in ``args`` and the keyword-only ones in
+    ``kwargs``."""
+    seen: list = []
+    spec = interval(
+        "toy", lambda st, t0, t1, inst, args, kwargs, result, exc: seen.append((args, dict(kwargs), result))
+    )
+    original = shapes.Target.__dict__[attr]
+    applied = apply(f"toy.{attr}", f"mmtrace_shapes.Target.{attr}", spec.make("sync"))
+    obj = shapes.Target()
+    hook = shapes.Target.__dict__[attr]
+    assert inspect.signature(hook) == inspect.signature(original)
+    if attr == "plain":
+        assert _source(hook).startswith("def _mt_hook(self, a, b=_mt_d2, /, c=_mt_d3, *, d, e=_mt_k1):")
+        out = obj.plain(1, d=4)
+        assert out == (1, None, 3, 4, "e") and seen[-1] == ((1, None, 3), {"d": 4, "e": "e"}, out)
+        out = obj.plain(1, 2, c=5, d=6, e="x")
+        assert out == (1, 2, 5, 6, "x") and seen[-1] == ((1, 2, 5), {"d": 6, "e": "x"}, out)
+        with pytest.raises(TypeError, match=r"plain\(\) missing 1 required keyword-only argument: 'd'"):
+            obj.plain(1)  # the target's own message: nothing of the hook's runs
+        assert len(shapes.Target.calls) == 2 and len(seen) == 2
+    elif attr == "star":
+        assert _source(hook).startswith("def _mt_hook(*_mt_args, **_mt_kwargs):")
+        out = obj.star(1, 2, k=3)
+        assert out == ((1, 2), {"k": 3}) and seen[-1] == ((1, 2), {"k": 3}, out)
+    else:
+        assert _source(hook).startswith("def _mt_hook(*_mt_args, **_mt_kwargs):")
+        assert obj.clash("f", 7) == 7 and seen[-1] == (("f", 7), {}, 7)
+    unpatch(applied)
+    assert shapes.Target.__dict__[attr] is original
+
+
+def test_a_generated_hook_shows_its_source_in_tracebacks_and_keeps_no_reference_cycle(shapes):
+    import gc
+    import traceback
+
+    spec = interval("toy.trace", lambda *a: None)
+    applied = apply("toy.plain", "mmtrace_shapes.Target.plain", spec.make("sync"))
+    try:
+        shapes.Target().plain(1, d=None, e=None)
+        hook = shapes.Target.__dict__["plain"]
+        assert hook.__code__.co_filename == "<mmtrace toy.trace>" and hook.__name__ == "plain"
+        try:
+            shapes.Target().plain()
+        except TypeError:
+            text = traceback.format_exc()
+        assert "Target.plain() missing" in text
+        assert "_mt_hook" not in hook.__globals__  # no function -> globals -> function cycle
+        gc.collect()
+        built = spec.make("sync").build(lambda x: x, [True], False)
+        del built
+        assert gc.collect() == 0
+    finally:
+        unpatch(applied)

@@ -6,13 +6,14 @@ pass through unchanged; plugin code around it runs under ``guarded`` and is coun
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import telemetry
-from ..patch import Direct
+from ..patch import CallShape, Direct, call_shape, compile_replacement
 from ..sinks import nvtx as nvtx_sink
 from ..telemetry import contained, maybe_inject
 
@@ -88,105 +89,114 @@ def interval(
     ``entered_only``: when ``on_enter`` returns None the call has nothing to measure (a decode batch
     for a prefill hook) and goes straight through: no NVTX check, no timing, no ``on_exit``. For
     targets called on every decode step, where most calls are of that kind.
+
+    The replacement is generated for its target (``patch.call_shape``: its own parameters, no
+    ``*args``/``**kwargs`` packing) with the guards inlined (no enter/leave helper frames): these
+    run on SGLang's hot threads, several times per request before its first token, with cold caches.
     """
-
-    # The guard is inlined into the hooks (no enter/leave helper frames), and the hook is built into
-    # its target's replacement (``Direct``; for a coroutine target an ``async def`` awaiting it): these
-    # run on SGLang's hot threads, several times per request before its first token.
-    def make(kind: str) -> Direct:
-        if kind == "async":
-
-            def build_async(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
-                async def async_hook(*args, **kwargs):
-                    if not on:
-                        return await func(*args, **kwargs)
-                    instance, rest = (args[0], args[1:]) if bound else (None, args)
-                    st = None
-                    if on_enter is not None:
-                        try:
-                            if telemetry.armed is not False:
-                                maybe_inject(component)
-                            st = on_enter(instance, rest, kwargs)
-                        except Exception as e:
-                            contained(component, e)
-                        if st is None and entered_only:
-                            return await func(*args, **kwargs)
-                    range_id = (
-                        push_nvtx(component, nvtx, instance, rest, kwargs, nested=False)
-                        if nvtx is not None and nvtx_sink.domain is not None
-                        else None
-                    )
-                    result = exc = None
-                    t0 = now()
-                    try:
-                        result = await func(*args, **kwargs)
-                        return result
-                    except BaseException as e:
-                        exc = e
-                        raise
-                    finally:
-                        t1 = now()
-                        if range_id is not None:
-                            guarded(component, nvtx_sink.end, range_id)
-                        try:
-                            if telemetry.armed is not False:
-                                maybe_inject(component)
-                            on_exit(st, t0, t1, instance, rest, kwargs, result, exc)
-                        except Exception as e:
-                            contained(component, e)
-
-                return async_hook
-
-            return Direct(build_async)
-        if kind == "sync":
-
-            def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
-                def sync_hook(*args, **kwargs):
-                    if not on:
-                        return func(*args, **kwargs)
-                    instance, rest = (args[0], args[1:]) if bound else (None, args)
-                    st = None
-                    if on_enter is not None:
-                        try:
-                            if telemetry.armed is not False:
-                                maybe_inject(component)
-                            st = on_enter(instance, rest, kwargs)
-                        except Exception as e:
-                            contained(component, e)
-                        if st is None and entered_only:
-                            return func(*args, **kwargs)
-                    pushed = (
-                        nvtx is not None
-                        and nvtx_sink.domain is not None
-                        and push_nvtx(component, nvtx, instance, rest, kwargs) is not None
-                    )
-                    result = exc = None
-                    t0 = now()
-                    try:
-                        result = func(*args, **kwargs)
-                        return result
-                    except BaseException as e:
-                        exc = e
-                        raise
-                    finally:
-                        t1 = now()
-                        if pushed:
-                            guarded(component, nvtx_sink.pop)
-                        try:
-                            if telemetry.armed is not False:
-                                maybe_inject(component)
-                            on_exit(st, t0, t1, instance, rest, kwargs, result, exc)
-                        except Exception as e:
-                            contained(component, e)
-
-                return sync_hook
-
-            return Direct(build)
-        raise ValueError(f"{component}: no interval wrapper for kind {kind!r}")
-
     if entered_only and on_enter is None:
         raise ValueError(f"{component}: entered_only needs an on_enter")
+
+    def make(kind: str) -> Direct:
+        if kind not in ("sync", "async"):
+            raise ValueError(f"{component}: no interval wrapper for kind {kind!r}")
+        is_async = kind == "async"
+        close = _range_end if is_async else _range_pop
+
+        def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
+            shape = call_shape(func, bound)
+            source = _interval_source(shape, is_async, on_enter is not None, entered_only, nvtx is not None)
+            namespace = {
+                **_guard_names(component, on, func, shape),
+                "_mt_enter": on_enter,
+                "_mt_exit": on_exit,
+                "_mt_exit_guarded": functools.partial(guarded, component, on_exit),
+                "_mt_now": now,
+                "_mt_nvtx": nvtx_sink,
+                "_mt_push": functools.partial(push_nvtx, component, nvtx, nested=not is_async),
+                "_mt_close": functools.partial(close, component),
+            }
+            return compile_replacement(source, namespace, func, component)
+
+        return Direct(build)
+
     return HookSpec(component, make=make)
+
+
+def _guard_names(component: str, on: Any, func: Callable[..., Any], shape: CallShape) -> dict[str, Any]:
+    """What every generated hook's source refers to: its gate, its target, the fault-injection check
+    and the counter of contained errors, and the target's defaults."""
+    return {
+        "_mt_on": on,
+        "_mt_func": func,
+        "_mt_component": component,
+        "_mt_telemetry": telemetry,
+        "_mt_inject": maybe_inject,
+        "_mt_contained": contained,
+        **shape.defaults,
+    }
+
+
+_ENTER = """\
+    try:
+        if _mt_telemetry.armed is not False:
+            _mt_inject(_mt_component)
+        _mt_st = _mt_enter({instance}, _mt_rest, _mt_kw)
+    except Exception as _mt_e:
+        _mt_contained(_mt_component, _mt_e)
+"""
+
+
+def _interval_source(shape: CallShape, is_async: bool, enter: bool, entered_only: bool, ranged: bool) -> str:
+    """``interval``'s replacement: gate, enter step, NVTX range, the timed call, exit step (on an
+    exception through a ``guarded`` call, then re-raised), each plugin step contained."""
+    aw = "await " if is_async else ""
+    call = f"{aw}_mt_func({shape.call})"
+    lines = [
+        f"{'async ' if is_async else ''}def _mt_hook({shape.params}):",
+        "    if not _mt_on:",
+        f"        return {call}",
+        f"    _mt_rest = {shape.rest}",
+        f"    _mt_kw = {shape.kwargs}",
+        "    _mt_st = None",
+    ]
+    if enter:
+        lines.append(_ENTER.format(instance=shape.instance).rstrip("\n"))
+        if entered_only:
+            lines += ["    if _mt_st is None:", f"        return {call}"]
+    if ranged:
+        lines.append(
+            f"    _mt_range = _mt_push({shape.instance}, _mt_rest, _mt_kw) if _mt_nvtx.domain is not None else None"
+        )
+    close = ["    if _mt_range is not None:", "        _mt_close(_mt_range)"] if ranged else []
+    lines += [
+        "    _mt_t0 = _mt_now()",
+        "    try:",
+        f"        _mt_result = {call}",
+        "    except BaseException as _mt_exc:",
+        "        _mt_t1 = _mt_now()",
+        *("    " + line for line in close),
+        f"        _mt_exit_guarded(_mt_st, _mt_t0, _mt_t1, {shape.instance}, _mt_rest, _mt_kw, None, _mt_exc)",
+        "        raise",
+        "    _mt_t1 = _mt_now()",
+        *close,
+        "    try:",
+        "        if _mt_telemetry.armed is not False:",
+        "            _mt_inject(_mt_component)",
+        f"        _mt_exit(_mt_st, _mt_t0, _mt_t1, {shape.instance}, _mt_rest, _mt_kw, _mt_result, None)",
+        "    except Exception as _mt_e:",
+        "        _mt_contained(_mt_component, _mt_e)",
+        "    return _mt_result",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _range_pop(component: str, range_id: Any) -> None:
+    guarded(component, nvtx_sink.pop)
+
+
+def _range_end(component: str, range_id: Any) -> None:
+    guarded(component, nvtx_sink.end, range_id)
 
 
 def _no_stage(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -204,7 +214,7 @@ def ranged(component: str, nvtx: Nvtx) -> HookSpec:
 def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> HookSpec:
     """A hook that only looks at the arguments before the call (no timing around it).
 
-    Built into the target's replacement (``Direct``), the same function for either kind: for a
+    Generated for its target as ``interval``'s, the same plain function for either kind: for a
     coroutine target the enter step runs when the coroutine is created (SGLang awaits these at once)
     and the target's own coroutine is returned, so no plugin frame sits in the await chain, where every
     resume of the target would pass through it (``patch.hooked`` marks the replacement a coroutine
@@ -212,20 +222,20 @@ def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> Hook
     """
 
     def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
-        def before_hook(*args, **kwargs):
-            if on:
-                try:
-                    if telemetry.armed is not False:
-                        maybe_inject(component)
-                    if bound:
-                        on_enter(args[0], args[1:], kwargs)
-                    else:
-                        on_enter(None, args, kwargs)
-                except Exception as e:
-                    contained(component, e)
-            return func(*args, **kwargs)
-
-        return before_hook
+        shape = call_shape(func, bound)
+        source = "\n".join(
+            [
+                f"def _mt_hook({shape.params}):",
+                "    if _mt_on:",
+                f"        _mt_rest = {shape.rest}",
+                f"        _mt_kw = {shape.kwargs}",
+                "    " + _ENTER.format(instance=shape.instance).rstrip("\n").replace("\n", "\n    "),
+                f"    return _mt_func({shape.call})",
+                "",
+            ]
+        )
+        namespace = {**_guard_names(component, on, func, shape), "_mt_enter": on_enter}
+        return compile_replacement(source, namespace, func, component)
 
     def make(kind: str) -> Direct:
         if kind not in ("sync", "async"):

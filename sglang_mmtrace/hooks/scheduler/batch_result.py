@@ -9,10 +9,8 @@ work runs after the hand-off, off the first token's way to the client.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from ...patch import Direct
 from ...sinks import nvtx
 from ..base import HookSpec, arg, interval
 from . import state as ss
@@ -139,33 +137,15 @@ def _output_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     return nvtx.rids_detail(rids) if rids else None
 
 
-def _stream_make(kind: str) -> Direct:
-    """``stream_output``: remember when the hand-off to the detokenizer ended.
-
-    Called on every decode step of every request, so not an ``interval`` hook: a call and one
-    timestamp, nothing that can raise (as ``scheduler.recv_requests``).
-    """
-    if kind != "sync":
-        raise ValueError(f"batch_result.stream_output: no wrapper for kind {kind!r}")
-
-    def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
-        def stream_hook(*args, **kwargs):
-            if not on:
-                return func(*args, **kwargs)
-            try:
-                return func(*args, **kwargs)
-            finally:
-                ss.last_stream_end = ss.now()
-
-        return stream_hook
-
-    return Direct(build)
+def _stream_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """``stream_output`` (every decode step of every request): when the hand-off to the detokenizer ended."""
+    ss.last_stream_end = t1
 
 
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "batch_result.stream_output": HookSpec("batch_result.stream_output", make=_stream_make),
+    "batch_result.stream_output": interval("batch_result.stream_output", _stream_exit),
     "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=("scheduler.output", _output_detail)),
 }
 

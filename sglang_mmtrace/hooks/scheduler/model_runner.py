@@ -9,11 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ... import telemetry
-from ...patch import Direct
 from ...sinks import nvtx
-from ...telemetry import contained, maybe_inject
-from ..base import HookSpec, guarded, push_batch_range
+from ..base import HookSpec, guarded, interval, push_batch_range
 from . import state as ss
 
 Rids = Callable[[ss.FwdCtx, tuple, dict], tuple[str, ...]]
@@ -53,62 +50,35 @@ def around_forward(
     """Clock marks around a call made inside the current prefill forward, handed to ``store``.
 
     Outside a prefill forward (``ss.current`` is None: every decode step) the call goes straight
-    through. ``rids`` runs before the call and names the requests the call works for (None: every
-    request of the forward): the NVTX range's, and when it names none (an embedding call whose
-    images are all in the radix prefix) nothing is marked or stored, for marks are CUDA calls on the
-    TTFT path. ``start`` gives the first mark (``Clock.after_forward``: sampling shares the forward's
-    end; ``Clock.start``: a host time when the forward adopted an earlier reference). The plugin code
-    runs in guarded blocks inlined as in ``base.interval`` (names, range and first mark before the
-    call; second mark, pop and store after it), not one ``guarded`` call per step: these wrappers run
-    inside the forward, on the TTFT path, where every frame counts. A failure before the call leaves
-    no first mark and so nothing stored; either way the call runs once and its result or exception
-    passes through.
+    through (``interval``'s ``entered_only``). ``rids`` runs before the call and names the requests
+    the call works for (None: every request of the forward): the NVTX range's, and when it names none
+    (an embedding call whose images are all in the radix prefix) nothing is marked or stored, for
+    marks are CUDA calls on the TTFT path. ``start`` gives the first mark (``Clock.after_forward``:
+    sampling shares the forward's end; ``Clock.start``: a host time when the forward adopted an
+    earlier reference). A failure before the call leaves no first mark and so nothing stored; either
+    way the call runs once and its result or exception passes through.
     """
 
-    def make(kind: str) -> Direct:
-        if kind != "sync":
-            raise ValueError(f"{component}: expected a sync target, got {kind}")
+    def enter(instance: Any, rest: tuple, kwargs: Any) -> Any:
+        ctx = ss.current
+        if ctx is None:
+            return None
+        names = ctx.rids if rids is None else rids(ctx, rest, kwargs)
+        if not names:
+            return None
+        m0 = start(ctx.clock)
+        return ctx, m0, nvtx.domain is not None and push_batch_range(component, stage, names)
 
-        def build(func: Callable[..., Any], on: Any, bound: bool) -> Callable[..., Any]:
-            def forward_hook(*args, **kwargs):
-                ctx = ss.current
-                if ctx is None or not on:
-                    return func(*args, **kwargs)
-                rest = args[1:] if bound else args
-                pushed = False
-                m0: Any = None
-                try:
-                    if telemetry.armed is not False:
-                        maybe_inject(component)
-                    if names := ctx.rids if rids is None else rids(ctx, rest, kwargs):
-                        pushed = nvtx.domain is not None and push_batch_range(component, stage, names)
-                        m0 = start(ctx.clock)
-                except Exception as e:
-                    contained(component, e)
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    m1: Any = None
-                    if m0 is not None:
-                        try:
-                            if telemetry.armed is not False:
-                                maybe_inject(component)
-                            m1 = ctx.clock.mark()
-                        except Exception as e:
-                            contained(component, e)
-                    if pushed:
-                        guarded(component, nvtx.pop)
-                    if m0 is not None and m1 is not None:
-                        try:
-                            store(ctx, m0, m1, rest, kwargs)
-                        except Exception as e:
-                            contained(component, e)
+    def leave(st: Any, t0: float, t1: float, instance: Any, rest: tuple, kwargs: Any, result: Any, exc: Any) -> None:
+        ctx, m0, pushed = st
+        try:
+            m1 = ctx.clock.mark()
+        finally:
+            if pushed:
+                guarded(component, nvtx.pop)
+        store(ctx, m0, m1, rest, kwargs)
 
-            return forward_hook
-
-        return Direct(build)
-
-    return HookSpec(component, make=make)
+    return interval(component, leave, enter, entered_only=True)
 
 
 PART = "scheduler"  # the switch part that gates these hooks
