@@ -194,13 +194,20 @@ def call_shape(func: Callable[..., Any], bound: bool) -> CallShape:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _compiled(source: str, filename: str) -> types.CodeType:
+    """One compile per distinct source: ``Direct.__call__`` (a target wrapt holds, a test calling a hook
+    alone) builds its replacement on every call, where compiling each time would cost ~0.1 ms."""
+    return compile(source, filename, "exec")
+
+
 def compile_replacement(source: str, namespace: dict[str, Any], func: Callable[..., Any], label: str) -> Any:
     """Compile ``source``, which defines ``_mt_hook``, in ``namespace`` (with ``_mt_no_kwargs``), named
     as ``func`` is (so a call with wrong arguments fails with the message the target's own would
     give), its source kept in ``linecache`` for tracebacks under the file name ``<mmtrace LABEL>``."""
     filename = f"<mmtrace {label}>"
     namespace["_mt_no_kwargs"] = _NO_KWARGS
-    exec(compile(source, filename, "exec"), namespace)
+    exec(_compiled(source, filename), namespace)
     hook = namespace.pop("_mt_hook")  # not left in its own globals: no function <-> namespace cycle
     name = getattr(func, "__name__", "_mt_hook")
     hook.__code__ = hook.__code__.replace(co_name=name, co_qualname=getattr(func, "__qualname__", name))
