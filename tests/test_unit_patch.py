@@ -41,10 +41,26 @@ def _module() -> types.ModuleType:
         def klass(cls, x):
             return (cls.__name__, x)
 
+    class Shapes:
+        calls: list = []
+
+        def plain(self, a, b=None, /, c=3, *, d, e="e"):
+            Shapes.calls.append((a, b, c, d, e))
+            return (a, b, c, d, e)
+
+        def star(self, *args, **kwargs):
+            Shapes.calls.append((args, kwargs))
+            return (args, kwargs)
+
+        def clash(self, _mt_func, x):
+            Shapes.calls.append((_mt_func, x))
+            return x
+
     def free(x):
         return x - 1
 
     mod.Toy = Toy
+    mod.Shapes = Shapes
     mod.free = free
     sys.modules[mod.__name__] = mod
     return mod
@@ -394,36 +410,6 @@ def test_forward_marks_contain_failures_and_call_once(monkeypatch, fails):
     assert wrapper(target, None, (1,), {}) == 2 and len(calls) == 3  # outside a prefill: straight through
 
 
-def _shapes_module() -> types.ModuleType:
-    mod = types.ModuleType("mmtrace_shapes")
-
-    class Target:
-        calls: list = []
-
-        def plain(self, a, b=None, /, c=3, *, d, e="e"):
-            Target.calls.append((a, b, c, d, e))
-            return (a, b, c, d, e)
-
-        def star(self, *args, **kwargs):
-            Target.calls.append((args, kwargs))
-            return (args, kwargs)
-
-        def clash(self, _mt_func, x):
-            Target.calls.append((_mt_func, x))
-            return x
-
-    mod.Target = Target
-    sys.modules[mod.__name__] = mod
-    return mod
-
-
-@pytest.fixture
-def shapes():
-    mod = _shapes_module()
-    yield mod
-    sys.modules.pop(mod.__name__, None)
-
-
 def _source(hook) -> str:
     import linecache
 
@@ -431,7 +417,7 @@ def _source(hook) -> str:
 
 
 @pytest.mark.parametrize("attr", ["plain", "star", "clash"])
-def test_a_generated_hook_takes_its_targets_own_parameters_and_passes_them_on_unchanged(shapes, attr):
+def test_a_generated_hook_takes_its_targets_own_parameters_and_passes_them_on_unchanged(toy, attr):
     """``patch.call_shape``: the replacement has the target's signature (positional-only, defaults,
     keyword-only) or, for ``*args``/``**kwargs`` and names that clash with the generated code's, the
     star form; either way the target gets the values the caller gave (defaults as the target's own
@@ -441,10 +427,10 @@ def test_a_generated_hook_takes_its_targets_own_parameters_and_passes_them_on_un
     spec = interval(
         "toy", lambda st, t0, t1, inst, args, kwargs, result, exc: seen.append((args, dict(kwargs), result))
     )
-    original = shapes.Target.__dict__[attr]
-    applied = apply(f"toy.{attr}", f"mmtrace_shapes.Target.{attr}", spec.make("sync"))
-    obj = shapes.Target()
-    hook = shapes.Target.__dict__[attr]
+    original = toy.Shapes.__dict__[attr]
+    applied = apply(f"toy.{attr}", f"mmtrace_toy.Shapes.{attr}", spec.make("sync"))
+    obj = toy.Shapes()
+    hook = toy.Shapes.__dict__[attr]
     assert inspect.signature(hook) == inspect.signature(original)
     if attr == "plain":
         assert _source(hook).startswith("def _mt_hook(self, a, b=_mt_d2, /, c=_mt_d3, *, d, e=_mt_k1):")
@@ -454,7 +440,7 @@ def test_a_generated_hook_takes_its_targets_own_parameters_and_passes_them_on_un
         assert out == (1, 2, 5, 6, "x") and seen[-1] == ((1, 2, 5), {"d": 6, "e": "x"}, out)
         with pytest.raises(TypeError, match=r"plain\(\) missing 1 required keyword-only argument: 'd'"):
             obj.plain(1)  # the target's own message: nothing of the hook's runs
-        assert len(shapes.Target.calls) == 2 and len(seen) == 2
+        assert len(toy.Shapes.calls) == 2 and len(seen) == 2
     elif attr == "star":
         assert _source(hook).startswith("def _mt_hook(*_mt_args, **_mt_kwargs):")
         out = obj.star(1, 2, k=3)
@@ -463,24 +449,24 @@ def test_a_generated_hook_takes_its_targets_own_parameters_and_passes_them_on_un
         assert _source(hook).startswith("def _mt_hook(*_mt_args, **_mt_kwargs):")
         assert obj.clash("f", 7) == 7 and seen[-1] == (("f", 7), {}, 7)
     unpatch(applied)
-    assert shapes.Target.__dict__[attr] is original
+    assert toy.Shapes.__dict__[attr] is original
 
 
-def test_a_generated_hook_shows_its_source_in_tracebacks_and_keeps_no_reference_cycle(shapes):
+def test_a_generated_hook_shows_its_source_in_tracebacks_and_keeps_no_reference_cycle(toy):
     import gc
     import traceback
 
     spec = interval("toy.trace", lambda *a: None)
-    applied = apply("toy.plain", "mmtrace_shapes.Target.plain", spec.make("sync"))
+    applied = apply("toy.plain", "mmtrace_toy.Shapes.plain", spec.make("sync"))
     try:
-        shapes.Target().plain(1, d=None, e=None)
-        hook = shapes.Target.__dict__["plain"]
+        toy.Shapes().plain(1, d=None, e=None)
+        hook = toy.Shapes.__dict__["plain"]
         assert hook.__code__.co_filename == "<mmtrace toy.trace>" and hook.__name__ == "plain"
         try:
-            shapes.Target().plain()
+            toy.Shapes().plain()
         except TypeError:
             text = traceback.format_exc()
-        assert "Target.plain() missing" in text
+        assert "Shapes.plain() missing" in text
         assert "_mt_hook" not in hook.__globals__  # no function -> globals -> function cycle
         gc.collect()
         built = spec.make("sync").build(lambda x: x, [True], False)
