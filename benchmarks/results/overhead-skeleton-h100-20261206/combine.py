@@ -18,10 +18,16 @@ from sglang_mmtrace.bench.stats import bootstrap_median_ci, bootstrap_median_dif
 HERE = Path(__file__).parent
 
 
-def deltas(run: str, kind: str, arms: tuple[str, str] = ("off", "on")) -> np.ndarray:
+def load(run: str) -> list[dict]:
     with gzip.open(HERE / run / "overhead.lines.jsonl.gz", "rt") as f:
-        lines = [json.loads(x) for x in f]
-    return np.array([(b["client_ttft_s"] - a["client_ttft_s"]) * 1000 for a, b in pairs(lines, kind, arms)])
+        return [json.loads(x) for x in f]
+
+
+RUNS = {run: load(run) for run in ("new", "skel", "new2")}  # each run's lines read once
+
+
+def deltas(run: str, kind: str, arms: tuple[str, str] = ("off", "on")) -> np.ndarray:
+    return np.array([(b["client_ttft_s"] - a["client_ttft_s"]) * 1000 for a, b in pairs(RUNS[run], kind, arms)])
 
 
 def row(xs: np.ndarray) -> str:
@@ -33,7 +39,7 @@ out = {}
 for kind in KINDS:
     real = np.concatenate([deltas("new", kind), deltas("new2", kind)])
     skel = deltas("skel", kind)
-    aa = np.concatenate([deltas(r, kind, ("off", CONTROL)) for r in ("new", "skel", "new2")])
+    aa = np.concatenate([deltas(r, kind, ("off", CONTROL)) for r in RUNS])
     lo, hi = bootstrap_median_diff_ci(skel, real)
     out[kind] = {
         "plugin_pooled": row(real),
