@@ -40,18 +40,20 @@ def on_minus_off(names: tuple[str, ...], kind: str) -> tuple[np.ndarray, float]:
 out: dict[str, dict[str, str]] = {}
 for kind in KINDS:
     out[kind] = {}
+    deltas: dict[str, np.ndarray] = {}
     for label, names in (
         ("plugin", ("plugin",)),
         ("skeleton", ("skel",)),
         ("skeleton_both_hosts", ("skel", "skel_first")),
     ):
         d, off = on_minus_off(names, kind)
+        deltas[label] = d
         lo, hi = bootstrap_median_ci(d)
         m = float(np.median(d))
         out[kind][label] = (
             f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}] ms, {100 * m / off:+.2f}% [{100 * lo / off:+.2f}, {100 * hi / off:+.2f}] (n={d.size})"
         )
-    real, skel = on_minus_off(("plugin",), kind)[0], on_minus_off(("skel",), kind)[0]
+    real, skel = deltas["plugin"], deltas["skeleton"]
     lo, hi = bootstrap_median_diff_ci(skel, real)
     out[kind]["plugin_minus_skeleton"] = f"{np.median(real) - np.median(skel):+.3f} [{lo:+.3f}, {hi:+.3f}] ms"
     print(kind, json.dumps(out[kind], indent=1))
