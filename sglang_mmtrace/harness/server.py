@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +30,10 @@ from .random_model import default_cache_dir, ensure_tiny_model
 from .shims import CPU_SHIMS_ENV, SHIMS_DIR, build_cuda_stub
 
 DEFAULT_HEALTH_TIMEOUT_S: float = 240.0
+HEALTH_PROBE_TIMEOUT_S: float = 30.0
+"""One GET /health's wait. SGLang answers it with a one-token generation and waits up to its
+``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) for the detokenizer: a shorter client wait gives up on a
+slow but healthy server and sends one more generation each time."""
 _PROJECT_ROOT: Path = Path(__file__).resolve().parents[2]  # folder holding sglang_mmtrace/
 _LOG_TAIL_LINES: int = 60
 PROGRESS_S: float = 10.0
@@ -299,7 +304,8 @@ class CpuServer:
                     f"sglang server exited with code {code} before becoming healthy; "
                     f"last log lines ({self.log_path}):\n{self.log_tail()}"
                 )
-            if _http_status(self.port, "/health", timeout=5.0) == 200:
+            status = _http_status(self.port, "/health", timeout=HEALTH_PROBE_TIMEOUT_S)
+            if status == 200:
                 return
             now = time.monotonic()
             if self.progress is not None and now >= next_progress:
@@ -307,10 +313,29 @@ class CpuServer:
                 self.progress(now - t0, self.log_tail(30))
             if now >= deadline:
                 raise TimeoutError(
-                    f"sglang server not healthy after {self.health_timeout:.0f} s; "
-                    f"last log lines ({self.log_path}):\n{self.log_tail()}"
+                    f"sglang server not healthy after {self.health_timeout:.0f} s (last /health: "
+                    f"{status or 'no answer'}); last log lines ({self.log_path}):\n{self.log_tail()}\n"
+                    f"{process_stacks(session_pids(self.process.pid))}"
                 )
             time.sleep(0.5)
+
+
+def process_stacks(pids: Sequence[int], timeout: float = 30.0) -> str:
+    """The Python stacks of ``pids`` by ``py-spy dump`` (a test extra), for a server that hangs.
+
+    A start-up that never turns healthy says nothing in SGLang's log about where it waits; the
+    stacks of the launcher, scheduler(s) and detokenizer do. Empty when py-spy is not installed."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).is_file():
+        return ""
+    out = []
+    for pid in pids:
+        try:
+            res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout)
+            out.append(res.stdout or res.stderr)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out.append(f"py-spy dump --pid {pid}: {exc!r}\n")
+    return "stacks (py-spy dump):\n" + "".join(out)
 
 
 def _http_status(port: int, path: str, timeout: float) -> int | None:
