@@ -24,7 +24,9 @@ site=/tmp/site-p-$label
 rm -rf "$site"
 python3 -m pip install -q --no-index --no-deps --target "$site" "$wheels"/*.whl || exit 5
 if [[ ${5:-} == skeleton ]]; then python3 benchmarks/skeleton.py "$site" || exit 6; fi
-export PYTHONPATH=$site:${PYTHONPATH:-} MMTRACE_COMMIT=$(cat "$wheels/COMMIT")
+# /tmp/site-d: the bundle's deps wheels, installed from a fourth folder (stage-d) in a call of their own to
+# keep each carry under 64 MiB; env.sh does not put it on the path.
+export PYTHONPATH=$site:${PYTHONPATH:-}${PYTHONPATH:+:}/tmp/site-d MMTRACE_COMMIT=$(cat "$wheels/COMMIT")
 out=/tmp/o-$label
 mkdir -p /tmp/wd "$out" && cd /tmp/wd || exit 7
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$out/gpu.txt"
