@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import json
 import shutil
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,26 +36,37 @@ def start_server(
     plugin_enabled: bool = True,
     cache_dir: Path | None = None,
     launcher: bool = False,
+    health_timeout: float = HEALTH_TIMEOUT_S,
+    attempts: int = 1,
 ) -> Iterator[CpuServer]:
     """A real CPU server with its records and log in a fresh temp folder ``name``; stopped on exit.
 
     Every real-server fixture goes through here, so they differ only in what they pass
     (``cache_dir``: where the model is, e.g. :func:`capped_model_cache`; default the shared one;
-    ``launcher``: under ``sglang-mmtrace run``).
+    ``launcher``: under ``sglang-mmtrace run``). ``attempts`` > 1: a start-up that is not healthy in
+    ``health_timeout`` is stopped and started again, its report (log tail, stacks) kept as a warning
+    in the run's summary; for a fixture whose subject is not the start-up itself.
     """
     folder = tmp_path_factory.mktemp(name)
-    srv = CpuServer(
-        jsonl_path=folder / "records.jsonl",
-        server_args=server_args,
-        log_path=folder / "server.log",
-        health_timeout=HEALTH_TIMEOUT_S,
-        plugin_enabled=plugin_enabled,
-        cache_dir=cache_dir,
-        launcher=launcher,
-        # SGLang's timeout for fetching image URLs (default 3 s) is too short on a shared 2-core machine.
-        env={"REQUEST_TIMEOUT": "60", **(env or {})},
-    )
-    srv.start()
+    for attempt in range(1, attempts + 1):
+        srv = CpuServer(
+            jsonl_path=folder / "records.jsonl",
+            server_args=server_args,
+            log_path=folder / ("server.log" if attempt == 1 else f"server-{attempt}.log"),
+            health_timeout=health_timeout,
+            plugin_enabled=plugin_enabled,
+            cache_dir=cache_dir,
+            launcher=launcher,
+            # SGLang's timeout for fetching image URLs (default 3 s) is too short on a shared 2-core machine.
+            env={"REQUEST_TIMEOUT": "60", **(env or {})},
+        )
+        try:
+            srv.start()
+            break
+        except TimeoutError as exc:
+            if attempt == attempts:
+                raise
+            warnings.warn(f"{name}: start-up {attempt} of {attempts} not healthy, starting again: {exc}", stacklevel=1)
     try:
         yield srv
     finally:

@@ -117,21 +117,26 @@ def test_a_flip_sent_to_one_worker_reaches_the_other(workers2):
 def dp2(tmp_path_factory):
     receiver = OtlpReceiver()
     receiver.start_http()
-    # The CPU backend wants a core set per rank when ranks outnumber NUMA nodes (one here): one core each.
-    cores = max(2, os.cpu_count() or 2)
-    bind = f"0-{cores // 2 - 1}|{cores // 2}-{cores - 1}"
+    # The CPU backend wants a core set per rank when ranks outnumber NUMA nodes (one here): half of the
+    # cores this process may run on each (not 0..n-1: a container's cores can be any).
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    bind = "|".join(f"{part[0]}-{part[-1]}" for part in (cores[:half], cores[half:] or cores))
     env = {
         "SGLANG_MMTRACE_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.http_port}",
         "SGLANG_CPU_OMP_THREADS_BIND": bind,
     }
     args = (*DEMO_SERVER_ARGS, "--dp-size", "2")
     try:
-        with start_server(tmp_path_factory, "dp-2", env=env, server_args=args) as srv:
+        # Stop 37's CI: this start-up once never turned healthy in 900 s (no report; every other run and
+        # 4 local ones, 3 of them with 3 CPU burners, started in 1-3 min). Two tries, each reported.
+        with start_server(tmp_path_factory, "dp-2", env=env, server_args=args, health_timeout=420, attempts=2) as srv:
             yield srv, receiver
     finally:
         receiver.stop()
 
 
+@pytest.mark.timeout(1200)  # the fixture's two start-ups of at most 420 s each, then the test
 def test_two_data_parallel_schedulers_join_per_request(dp2):
     """Each record joins the stages of the scheduler that served it, and its spans carry that pid."""
     srv, receiver = dp2
