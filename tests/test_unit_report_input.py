@@ -9,6 +9,7 @@ cannot be written is one line and exit 1.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,23 @@ def test_no_valid_record_names_the_first_bad_lines(tmp_path: Path, capsys: pytes
         "no valid records; 5 lines skipped (line 1: not JSON (Expecting value); line 2: not JSON (Expecting value); "
         "line 3: not JSON (Expecting value); 2 more)"
     )
+
+
+def test_a_gzipped_file_is_read_through_gzip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "overhead.lines.jsonl.gz"  # how committed bench runs keep their lines
+    with gzip.open(path, "wt") as fh:
+        fh.write(_line("a") + _line("b") + "not json\n")
+    rc, out, err = _report(capsys, path)
+    assert rc == 0 and "(n=2)" in out
+    assert _one_line(err).endswith("1 line skipped (line 3: not JSON (Expecting value))")
+
+
+def test_a_gzipped_file_cut_short_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(gzip.compress((_line("a") * 50).encode())[:-30])
+    rc, out, err = _report(capsys, path)
+    assert rc == 1 and not out
+    assert _one_line(err).endswith(f"{path}: the gzip stream ends early")
 
 
 def test_empty_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -36,7 +36,9 @@ SHOWN_SKIPS = 3  # bad lines named on stderr; the rest are counted
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "file", nargs="?", help="records: the server's SGLANG_MMTRACE_JSONL or bench output (not with --compare)"
+        "file",
+        nargs="?",
+        help="records: the server's SGLANG_MMTRACE_JSONL or bench output, .gz too (not with --compare)",
     )
     parser.add_argument(
         "--compare",

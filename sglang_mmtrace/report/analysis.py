@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from ..stages import DISPLAY_ORDER, ROOT, STAGES
 
@@ -68,12 +69,14 @@ def load_records(path: str) -> RecordsFile:
 
     A file that is being appended to (``SGLANG_MMTRACE_JSONL`` of a live server) normally ends in a
     half-written line: it is skipped like any other bad line, so one bad line never costs the rest.
-    Invalid UTF-8 is replaced, so a binary file yields bad lines, not an exception. Raises
+    Invalid UTF-8 is replaced, so a binary file yields bad lines, not an exception. A name ending in
+    ``.gz`` is read through gzip (committed bench runs keep their lines so). Raises
     :class:`RecordsError` only when the file cannot be read.
     """
     out = RecordsFile()
+    opener: Callable[..., IO[str]] = gzip.open if str(path).endswith(".gz") else open
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
@@ -92,6 +95,8 @@ def load_records(path: str) -> RecordsFile:
         raise RecordsError(f"{path}: is a directory, not a records file") from None
     except OSError as exc:
         raise RecordsError(f"{path}: {exc.strerror or exc}") from None
+    except EOFError:
+        raise RecordsError(f"{path}: the gzip stream ends early") from None
     return out
 
 

@@ -15,7 +15,6 @@ faster hosts pool as ratios.
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from sglang_mmtrace.bench.overhead import CONTROL, KINDS, paired_summary, pairs, target_met
 from sglang_mmtrace.bench.stats import paired_ratio_ci
+from sglang_mmtrace.report.analysis import read_jsonl
 
 HERE = Path(__file__).parent
 RESULTS = HERE.parent
@@ -31,19 +31,16 @@ ROUNDS = (200, 250, 500, 1000)
 DRAWS = 200
 
 
-def load(path: Path) -> list[dict]:
-    with gzip.open(path, "rt") as f:
-        return [json.loads(x) for x in f]
-
-
-def host(run: str) -> str:
-    return "cpu" if "-cpu-" in run else "gpu"
+def host(lines: list[dict]) -> str:
+    """The bench's own target label: the CPU server's is "cpu demo config" (every GPU run's starts "h200",
+    on an H100 too)."""
+    return "cpu" if lines[0]["bench"]["target"].startswith("cpu") else "gpu"
 
 
 def main() -> None:
     runs = {}
     for path in sorted(RESULTS.glob("**/overhead.lines.jsonl.gz")):
-        lines = load(path)
+        lines = read_jsonl(str(path))
         if any(ln["bench"].get("arm") == CONTROL for ln in lines):
             runs[str(path.parent.relative_to(RESULTS))] = lines
     out: dict = {"runs": {}, "resampled": {}}
@@ -64,7 +61,7 @@ def main() -> None:
             off = np.array([a["client_ttft_s"] for a, _ in prs])
             ctl = np.array([b["client_ttft_s"] for _, b in prs])
             scale = np.median(off)
-            pooled.setdefault((host(run), kind), []).append(np.stack([off / scale, ctl / scale]))
+            pooled.setdefault((host(lines), kind), []).append(np.stack([off / scale, ctl / scale]))
     rng = np.random.default_rng(0)
     for (h, kind), parts in sorted(pooled.items()):
         both = np.concatenate(parts, axis=1)

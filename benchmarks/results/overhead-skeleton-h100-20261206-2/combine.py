@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -14,13 +13,13 @@ import numpy as np
 
 from sglang_mmtrace.bench.overhead import KINDS, pairs
 from sglang_mmtrace.bench.stats import bootstrap_median_ci, bootstrap_median_diff_ci
+from sglang_mmtrace.report.analysis import read_jsonl
 
 HERE = Path(__file__).parent
 
 
 def load(path: str) -> list[dict]:
-    with gzip.open(HERE.parent / path / "overhead.lines.jsonl.gz", "rt") as f:
-        return [json.loads(x) for x in f]
+    return read_jsonl(str(HERE.parent / path / "overhead.lines.jsonl.gz"))
 
 
 RUNS = {
