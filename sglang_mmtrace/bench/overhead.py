@@ -313,6 +313,15 @@ def pairs(
     return [(v[first], v[second]) for _, v in sorted(by.items()) if first in v and second in v]
 
 
+def ttft_ms(prs: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Client TTFT in ms of the first and of the second arm of ``pairs``' output, round by round: what
+    every paired statistic here and in the result folders' scripts starts from."""
+    return (
+        np.array([a["client_ttft_s"] for a, _ in prs]) * 1000,
+        np.array([b["client_ttft_s"] for _, b in prs]) * 1000,
+    )
+
+
 def target_met(ratio: float, upper: float) -> bool:
     return bool(ratio <= TARGET_RATIO and upper <= TARGET_UPPER)
 
@@ -323,8 +332,7 @@ def paired_summary(lines: Iterable[dict[str, Any]], kind: str, arms: tuple[str, 
     prs = pairs(lines, kind, arms)
     if not prs:
         return {"n_pairs": 0}
-    off = np.array([a["client_ttft_s"] for a, _ in prs]) * 1000
-    on = np.array([b["client_ttft_s"] for _, b in prs]) * 1000
+    off, on = ttft_ms(prs)
     e2e_off = np.array([a["client_e2e_s"] for a, _ in prs]) * 1000
     e2e_on = np.array([b["client_e2e_s"] for _, b in prs]) * 1000
     delta = on - off
@@ -432,7 +440,7 @@ def crossover_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
             for o in ORIENTATIONS:
                 prs = pairs([ln for ln in sub if ln["bench"].get("orientation") == o], kind)
                 if prs:
-                    strata.append(([a["client_ttft_s"] for a, _ in prs], [b["client_ttft_s"] for _, b in prs]))
+                    strata.append(ttft_ms(prs))
             g, glo, ghi = geomean_ratio_ci(strata)
             res["geomean"][kind] = {
                 "orientations": len(strata),

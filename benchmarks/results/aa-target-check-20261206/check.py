@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_mmtrace.bench.overhead import CONTROL, KINDS, paired_summary, pairs, target_met
+from sglang_mmtrace.bench.overhead import CONTROL, KINDS, paired_summary, pairs, target_met, ttft_ms
 from sglang_mmtrace.bench.stats import paired_ratio_ci
 from sglang_mmtrace.report.analysis import read_jsonl
 
@@ -57,9 +57,7 @@ def main() -> None:
                 "ab_ratio": [ab["ttft_ratio_on_off"], *ab["ttft_ratio_ci95"]],
                 "ab_meets_target": ab["target"]["met"],
             }
-            prs = pairs(lines, kind, ("off", CONTROL))
-            off = np.array([a["client_ttft_s"] for a, _ in prs])
-            ctl = np.array([b["client_ttft_s"] for _, b in prs])
+            off, ctl = ttft_ms(pairs(lines, kind, ("off", CONTROL)))
             scale = np.median(off)
             pooled.setdefault((host(lines), kind), []).append(np.stack([off / scale, ctl / scale]))
     rng = np.random.default_rng(0)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_mmtrace.bench.overhead import KINDS, pairs
+from sglang_mmtrace.bench.overhead import KINDS, pairs, ttft_ms
 from sglang_mmtrace.bench.stats import bootstrap_median_ci, bootstrap_median_diff_ci
 from sglang_mmtrace.report.analysis import read_jsonl
 
@@ -31,9 +31,8 @@ RUNS = {
 
 def on_minus_off(names: tuple[str, ...], kind: str) -> tuple[np.ndarray, float]:
     """Paired deltas (ms) of the runs, and their pooled 'off' median (ms)."""
-    prs = [p for name in names for p in pairs(RUNS[name], kind)]
-    off = np.array([a["client_ttft_s"] for a, _ in prs]) * 1000
-    return np.array([b["client_ttft_s"] for _, b in prs]) * 1000 - off, float(np.median(off))
+    off, on = ttft_ms([p for name in names for p in pairs(RUNS[name], kind)])
+    return on - off, float(np.median(off))
 
 
 out: dict[str, dict[str, str]] = {}

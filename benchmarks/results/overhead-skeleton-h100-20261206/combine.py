@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_mmtrace.bench.overhead import CONTROL, KINDS, pairs
+from sglang_mmtrace.bench.overhead import CONTROL, KINDS, pairs, ttft_ms
 from sglang_mmtrace.bench.stats import bootstrap_median_ci, bootstrap_median_diff_ci
 from sglang_mmtrace.report.analysis import read_jsonl
 
@@ -26,7 +26,8 @@ RUNS = {run: load(run) for run in ("new", "skel", "new2")}  # each run's lines r
 
 
 def deltas(run: str, kind: str, arms: tuple[str, str] = ("off", "on")) -> np.ndarray:
-    return np.array([(b["client_ttft_s"] - a["client_ttft_s"]) * 1000 for a, b in pairs(RUNS[run], kind, arms)])
+    off, on = ttft_ms(pairs(RUNS[run], kind, arms))
+    return on - off
 
 
 def row(xs: np.ndarray) -> str:
