@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import shutil
+import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,9 +25,115 @@ from record_checks import repeated_stage_problems
 from sglang_mmtrace.bench.records import RecordsTail
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.harness import CpuServer, ensure_tiny_model
+from sglang_mmtrace.harness.server import startup_phase
 
 STATE_PATH = "/mmtrace/state"
+FIGURES_ENV = "MMTRACE_TEST_FIGURES"
+"""A folder for the figures some tests write (observed counters, matrices); default: the session's temp folder.
+Tests never write into the source tree; to refresh ``benchmarks/results/reliability/`` point this there."""
+PROGRESS_EVERY_S = 30.0
+"""A step of the suite (a fixture's set-up, a test) that takes longer prints what it is doing this often:
+a server start-up or a load fixture takes minutes, and a silent terminal reads as a hang."""
 HEALTH_TIMEOUT_S = 600.0  # healthy after ~45 s alone on 2 cores; minutes when shared; under pytest-timeout (900 s) so a hang reports its stacks
+
+
+class Heartbeat:
+    """One daemon thread that prints the innermost running step, its elapsed time and its latest detail
+    (e.g. a server's start-up phase) every ``PROGRESS_EVERY_S`` while that step lasts."""
+
+    def __init__(self, write: Any) -> None:
+        self._write = write
+        self._steps: list[list[Any]] = []  # [label, start, detail, next print]
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="test-heartbeat", daemon=True).start()
+
+    @contextlib.contextmanager
+    def step(self, label: str) -> Iterator[None]:
+        now = time.monotonic()
+        with self._lock:
+            self._steps.append([label, now, "", now + PROGRESS_EVERY_S])
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._steps.pop()
+
+    def detail(self, text: str) -> None:
+        with self._lock:
+            if self._steps:
+                self._steps[-1][2] = text
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(1.0)
+            now = time.monotonic()
+            with self._lock:
+                if not self._steps or now < self._steps[-1][3]:
+                    continue
+                label, start, detail, _ = self._steps[-1]
+                self._steps[-1][3] = now + PROGRESS_EVERY_S
+            self._write(f"  ... {label}: {now - start:.0f} s" + (f" ({detail})" if detail else ""))
+
+
+_heartbeat: Heartbeat | None = None
+_figures: list[Path] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _heartbeat
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        _heartbeat = Heartbeat(lambda line: reporter.write_line(line, flush=True))
+
+
+def _step(label: str) -> contextlib.AbstractContextManager[None]:
+    return _heartbeat.step(label) if _heartbeat is not None else contextlib.nullcontext()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Iterator[None]:
+    with _step(f"setting up {fixturedef.argname} ({fixturedef.scope})"):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _step(item.nodeid):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    with _step(f"tearing down after {item.nodeid}"):
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _figures_folder(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _figures.append(Path(os.environ.get(FIGURES_ENV) or tmp_path_factory.mktemp("figures")))
+
+
+def figures_dir() -> Path:
+    """Where a test writes a figure it observed (``FIGURES_ENV``); the run's summary names it."""
+    _figures[0].mkdir(parents=True, exist_ok=True)
+    return _figures[0]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _figures and _figures[0].is_dir() and any(_figures[0].iterdir()):
+        terminalreporter.write_line(
+            f"figures the tests observed: {_figures[0]} (set {FIGURES_ENV} to keep them elsewhere)"
+        )
+
+
+def _server_progress(name: str) -> Any:
+    """A ``CpuServer`` progress callback that puts the start-up's phase into the heartbeat's line."""
+
+    def progress(seconds: float, log_tail: str) -> None:
+        if _heartbeat is not None:
+            _heartbeat.detail(f"{name}: {startup_phase(log_tail)}")
+
+    return progress
 
 
 @contextlib.contextmanager
@@ -54,6 +163,7 @@ def start_server(
             server_args=server_args,
             log_path=folder / ("server.log" if attempt == 1 else f"server-{attempt}.log"),
             health_timeout=health_timeout,
+            progress=_server_progress(name),
             plugin_enabled=plugin_enabled,
             cache_dir=cache_dir,
             launcher=launcher,

@@ -12,7 +12,6 @@ import http.server
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from conftest import state
@@ -21,8 +20,6 @@ from sglang_mmtrace.harness import CpuServer, chat_request, data_url, image_mess
 
 PLUGIN_MARK = "sglang-mmtrace:"
 """Every line the plugin logs starts its message with this (SGLang's own lines never do)."""
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results" / "reliability"
 
 
 def chat_body(

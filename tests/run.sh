@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command (README "Set-up", and .ci/run calls it): tests/run.sh [pytest arguments]
+# The test command (README "Set-up", and .ci/run calls it): tests/run.sh [--quick] [pytest arguments]
 #
+# --quick: only the tests that start no server (pytest -m "not server"), for the inner loop.
 # Some tests need Debian packages as real peers: prometheus + promtool (metrics, dashboard and
 # shipped-config tests) and headless chromium (report --html). Any that are missing are installed
 # with apt-get first (as root, or through password-less sudo). Where that is not possible (no
@@ -10,6 +11,12 @@
 # 60 minutes on 2 cores (it starts real SGLang servers on the CPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+tier=()
+if [[ ${1:-} == --quick ]]; then
+  shift
+  tier=(-m "not server")
+fi
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
@@ -36,4 +43,4 @@ if ((${#packages[@]})); then
   fi
 fi
 
-exec python3 -m pytest -rfEs "$@"
+exec python3 -m pytest -rfEs "${tier[@]}" "$@"

@@ -12,7 +12,7 @@ tiny model's own cap (16,777,216 px) an image at or above it becomes ~16k visual
 CPU harness the scheduler is then OOM-killed (observed with the plugin on, twice: 11.8 GB RSS); a far
 larger image is resized down to that cap, so it dies the same way. With the lower cap the same request
 shows what the cap is for: the image is resized and served.
-The matrix goes to ``benchmarks/results/reliability/bad_input.md``.
+The matrix goes to ``bad_input.md`` in the session's figures folder (``conftest.figures_dir``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from conftest import HEALTH_TIMEOUT_S, capped_model_cache, read_records, records, server_context, state
-from reliability import RESULTS, ImageHost, at_rest_problems, chat_body, post, settled_state, sse_usage
+from conftest import HEALTH_TIMEOUT_S, capped_model_cache, figures_dir, read_records, records, server_context, state
+from reliability import ImageHost, at_rest_problems, chat_body, post, settled_state, sse_usage
 
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.config import Config
@@ -158,8 +158,7 @@ def _write_figure(rows: list[dict[str, Any]]) -> None:
             f"| {rec['status'] if rec else '(none)'} | {(rec or {}).get('error') or ''} "
             f"| {r['on']['next_good'][0]} / {r['off']['next_good'][0]} |"
         )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bad_input.md").write_text("\n".join(lines) + "\n")
+    (figures_dir() / "bad_input.md").write_text("\n".join(lines) + "\n")
 
 
 def test_same_status_and_error_body_with_and_without_plugin(matrix, servers):

@@ -11,7 +11,7 @@ Without ``mount`` permission the full disk falls back to ``/dev/full`` (every wr
 read-only folder to a path under ``/proc``; the test prints which one it used. The OTLP collector that
 is down altogether is covered by ``test_server_exporters_grpc.py``, an exception inside every hook by
 ``test_server_containment.py``. Latency is not asserted here (benchmarks compare it); the observed
-counters go to ``benchmarks/results/reliability/faults.md``.
+counters go to ``faults.md`` in the session's figures folder (``conftest.figures_dir``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import start_server, state
+from conftest import figures_dir, start_server, state
 from reliability import (
-    RESULTS,
     SilentCollector,
     at_rest_problems,
     chat_body,
@@ -267,5 +266,4 @@ def _write_figure(places: dict[str, Any]) -> None:
         "| exception in every hook | see `tests/test_server_containment.py` | `errors_total` per hook component "
         "| one per component |",
     ]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "faults.md").write_text("\n".join(lines) + "\n")
+    (figures_dir() / "faults.md").write_text("\n".join(lines) + "\n")

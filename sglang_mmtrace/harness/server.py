@@ -40,6 +40,32 @@ PROGRESS_S: float = 10.0
 """How often a waiting start-up reports progress (``CpuServer(progress=...)``)."""
 
 
+STARTUP_PHASES: tuple[tuple[str, str], ...] = (
+    ("The server is fired up and ready to roll", "ready"),
+    ('"GET /health HTTP/1.1" 503', "warming up (SGLang's first request)"),
+    ("Uvicorn running on", "warming up (SGLang's first request)"),
+    ("KV Cache is allocated", "setting up the scheduler's caches"),
+    ("Load weight end", "allocating the KV cache"),
+    ("Load weight begin", "loading weights"),
+    ("Init parallel begin", "starting the scheduler"),
+    ("Using default HuggingFace chat template", "starting the scheduler process (importing SGLang)"),
+    ("server_args=", "loading the tokenizer and processor"),
+)
+"""SGLang log markers, in the order a start-up passes them, and what each says SGLang is doing now."""
+
+
+def startup_phase(log_tail: str) -> str:
+    """What a starting server is doing, in a user's words, from the latest marker in its log's tail.
+
+    SGLang's start-up log is mostly warnings that read as errors on a CPU (no CUDA runtime, usage
+    examples); a progress line names the phase instead of repeating a raw line."""
+    for line in reversed(log_tail.splitlines()):
+        for marker, phase in STARTUP_PHASES:
+            if marker in line:
+                return phase
+    return "starting Python and importing SGLang"
+
+
 def free_port() -> int:
     """Ask the kernel for a free TCP port on 127.0.0.1 (small race window, fine for tests)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -159,6 +185,12 @@ class CpuServer:
             "--attention-backend", "torch_native",
             # Without a cap SGLang sizes the KV cache from free RAM (GBs, ~20 s to allocate).
             "--max-total-tokens", "65536",
+            # SGLang sizes its request-to-token table as max running requests x context length; at
+            # the model's own length (262144) that is a 2 GiB table zeroed at every start-up.
+            "--context-length", "32768",
+            # An idle scheduler otherwise polls its sockets in a busy loop: a whole core of a small
+            # machine taken from every other process (the client, a second server, the tests).
+            "--sleep-on-idle",
             # Needed for usage.prompt_tokens_details.cached_tokens.
             "--enable-cache-report",
             "--enable-metrics",
@@ -450,5 +482,6 @@ __all__ = [
     "free_port",
     "image_message",
     "session_pids",
+    "startup_phase",
     "stream_chat",
 ]
