@@ -6,19 +6,20 @@ from __future__ import annotations
 import gc
 import pickle
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import zmq
 
+from sglang_mmtrace.join import ipc
 from sglang_mmtrace.join.client import CollectorClient
-from sglang_mmtrace.join.collector import ipc_address
 from sglang_mmtrace.join.context import ApiTrace, HttpCtx, from_wire
 
 
 @pytest.fixture
-def wired() -> Iterator[tuple[CollectorClient, zmq.Socket]]:
-    addresses = (ipc_address("events"), ipc_address("control"), ipc_address("admin"))
+def wired(tmp_path: Path) -> Iterator[tuple[CollectorClient, zmq.Socket]]:
+    addresses = ipc.addresses(str(tmp_path))
     pull = zmq.Context.instance().socket(zmq.PULL)
     pull.setsockopt(zmq.LINGER, 0)
     pull.bind(addresses[0])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -885,18 +886,18 @@ def test_marks_ask_cuda_about_capture_only_while_torch_captures(
     assert begin is not FakeGraph.capture_begin and end is not FakeGraph.capture_end  # monkeypatch restores
 
 
-def test_api_gpu_stages_are_read_when_the_request_is_handed_over(cuda: FakeCuda) -> None:
+def test_api_gpu_stages_are_read_when_the_request_is_handed_over(cuda: FakeCuda, tmp_path: Path) -> None:
     """The collector client resolves a finished request's GPU stages before it ships the request, on
     a real ZMQ socket; until then nothing is read (the request's path to its first token pays no read)."""
     import pickle
 
     import zmq
 
+    from sglang_mmtrace.join import ipc
     from sglang_mmtrace.join.client import CollectorClient
-    from sglang_mmtrace.join.collector import ipc_address
     from sglang_mmtrace.join.context import from_wire
 
-    addresses = (ipc_address("events"), ipc_address("control"), ipc_address("admin"))
+    addresses = ipc.addresses(str(tmp_path))
     pull = zmq.Context.instance().socket(zmq.PULL)
     pull.setsockopt(zmq.LINGER, 0)
     pull.bind(addresses[0])

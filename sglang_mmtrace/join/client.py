@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from .. import switch, telemetry
-from .collector import ipc_address
+from . import ipc
 from .context import LIVE, ApiTrace, EngineCall, HttpCtx, to_wire
 
 HEALTH_EVERY_S = 0.5
@@ -41,18 +41,18 @@ class CollectorClient:
     def __init__(self, sglang_version: str | None, addresses: tuple[str, str, str] | None = None) -> None:
         import zmq
 
-        self.address, self.control_address, self.admin_address = addresses or (
-            ipc_address("events"),
-            ipc_address("control"),
-            ipc_address("admin"),
-        )
+        self.folder: str | None = None  # the sockets' folder, when this client made it
+        if addresses is None:
+            self.folder = ipc.new_folder()
+            addresses = ipc.addresses(self.folder)
+        self.address, self.control_address, self.admin_address = addresses
         self.process: subprocess.Popen[bytes] | None = None
-        if sglang_version is not None:
+        if sglang_version is not None and self.folder is not None:
             self.process = subprocess.Popen(
                 [
                     sys.executable, "-m", "sglang_mmtrace.join.collector",
                     "--events", self.address, "--control", self.control_address, "--admin", self.admin_address,
-                    "--sglang-version", sglang_version, "--parent", str(os.getpid()),
+                    "--sglang-version", sglang_version, "--parent", str(os.getpid()), "--ipc-dir", self.folder,
                 ],
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
@@ -163,8 +163,9 @@ class CollectorClient:
                 self._tokenizer_manager = None
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the collector process if this client started it (its sinks and metrics server with it)
-        and close the socket.
+        """Stop the collector process if this client started it (its sinks and metrics server with it),
+        close the socket and remove the sockets' folder (the collector's own removal misses it when it
+        had to be killed).
 
         SIGTERM, as when the API process dies (``collector._die_with_parent``): requests still inside
         their grace window are not exported."""
@@ -181,6 +182,8 @@ class CollectorClient:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout_s)
+        if self.folder is not None:
+            ipc.remove(self.folder)
 
     # -- admin (executor threads) ----------------------------------------------------------------
     def request(self, msg: tuple[Any, ...], timeout_s: float = ADMIN_TIMEOUT_S) -> Any:

@@ -7,7 +7,8 @@ request's ``ApiTrace`` (pickled, once the response is complete); the schedulers'
 outboxes send their stage events, keyed by rid, and heartbeats. An admin socket serves the API
 process's ``/mmtrace/state`` and ``/mmtrace/enabled`` and starts the metrics once SGLang's server
 arguments are known. The collector publishes switch flips to the other processes and waits for their
-confirmations. It exits when the API process is gone.
+confirmations. It exits when the API process is gone, and takes its sockets' folder with it
+(``ipc.py``).
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ import logging
 import os
 import pickle
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from typing import Any, Protocol
 
 from .. import switch, telemetry
 from ..config import Config
 from ..stages import API, ROOT
+from . import ipc
 from .context import ApiTrace, HttpCtx, from_wire
 from .record import EmitContext, StageEvent, coverage, merge_chunks, stage_dicts
 
@@ -64,29 +64,17 @@ class Sink(Protocol):
     def emit(self, record: dict[str, Any], ctx: EmitContext) -> None: ...
 
 
-def ipc_address(kind: str) -> str:
-    name = f"sglang-mmtrace-{os.getpid()}-{kind}-{uuid.uuid4().hex[:8]}.ipc"
-    return "ipc://" + os.path.join(tempfile.gettempdir(), name)
-
-
 class Collector:
-    """Binds ``address`` (events in), ``control_address`` (flips out) and ``admin_address`` (requests in)."""
+    """Binds ``address`` (events in), ``control_address`` (flips out) and ``admin_address`` (requests in):
+    ``addresses``, or a new socket folder's (``ipc.new_folder``)."""
 
     def __init__(
-        self,
-        cfg: Config,
-        sinks: list[Sink],
-        sglang_version: str,
-        address: str | None = None,
-        control_address: str | None = None,
-        admin_address: str | None = None,
+        self, cfg: Config, sinks: list[Sink], sglang_version: str, addresses: tuple[str, str, str] | None = None
     ) -> None:
         self.cfg = cfg
         self.sinks = sinks
         self.sglang_version = sglang_version
-        self.address = address or ipc_address("events")
-        self.control_address = control_address or ipc_address("control")
-        self.admin_address = admin_address or ipc_address("admin")
+        self.address, self.control_address, self.admin_address = addresses or ipc.addresses(ipc.new_folder())
         self._waiting: list[tuple[float, ApiTrace, int]] = []  # (deadline, trace, pid of its API process)
         self._remote: dict[str, list[StageEvent]] = {}
         self._remote_seen: dict[str, float] = {}
@@ -651,15 +639,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--events", required=True)
     p.add_argument("--control", required=True)
     p.add_argument("--admin", required=True)
+    p.add_argument("--ipc-dir", required=True, help="the sockets' folder, removed when this process ends")
     p.add_argument("--sglang-version", default="unknown")
     p.add_argument("--parent", type=int, required=True)
     args = p.parse_args(argv)
+    ipc.remove_at_exit(args.ipc_dir)
+    ipc.remove_on_sigterm(args.ipc_dir)
     _die_with_parent()
     logging.basicConfig(level=logging.INFO, format="[mmtrace collector] %(message)s", stream=sys.stderr)
     from .. import config
 
     cfg = config.get()
-    collector = Collector(cfg, _sinks(cfg), args.sglang_version, args.events, args.control, args.admin)
+    collector = Collector(cfg, _sinks(cfg), args.sglang_version, (args.events, args.control, args.admin))
     collector.parent_pid = args.parent
     if os.getppid() != args.parent:
         return
