@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sglang_mmtrace.cli import demo, main
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS, KINDS, findings
 
@@ -47,3 +49,19 @@ def test_flags_after_the_double_dash_go_to_the_server(monkeypatch):
         "2",
     )
     assert main.main(["demo"]) == 0 and demo.server_args(seen[1].server_args) == DEMO_SERVER_ARGS
+
+
+def test_rounds_below_one_is_a_usage_error(monkeypatch, capsys):
+    """No rounds would measure nothing and print an empty "What this run found": argparse refuses it."""
+    monkeypatch.setattr(demo, "run", lambda args: pytest.fail("the demo ran"))
+    for bad, why in (("0", "0 is less than 1"), ("-3", "-3 is less than 1"), ("two", "'two' is not a whole number")):
+        with pytest.raises(SystemExit) as exc:
+            main.main(["demo", "--rounds", bad])
+        assert exc.value.code == 2
+        assert (
+            capsys.readouterr()
+            .err.strip()
+            .splitlines()[-1]
+            .startswith(f"sglang-mmtrace demo: error: argument --rounds: {why}")
+        )
+    assert main.build_parser().parse_args(["demo", "--rounds", "1"]).rounds == 1

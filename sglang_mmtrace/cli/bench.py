@@ -48,7 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "words are its environment). No GPU: the real CPU server with the tiny Qwen3-VL plus ARGS. GPU: "
         "python -m sglang.launch_server ARGS (name the model). Default without --url: the CPU demo config",
     )
-    t.add_argument("--launcher", choices=("auto", "cpu", "gpu"), default="auto", help="which server --launch starts")
+    t.add_argument(
+        "--launcher",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="which server --launch starts (default %(default)s: gpu when CUDA is available)",
+    )
     p.add_argument("--experiment", action="append", required=True, choices=ALL, help="repeatable")
     p.add_argument(
         "--n",
@@ -58,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "ablation 60 rounds, "
         "overhead-crossover 50 rounds per launch",
     )
-    p.add_argument("--questions", type=int, default=100, help="order: number of questions (default 100)")
+    p.add_argument("--questions", type=int, default=100, help="order: number of questions (default %(default)s)")
     p.add_argument("--size", default=None, help="image size: N or WxH (default 512; the overhead experiments: 640x480)")
     p.add_argument(
         "--concurrency",
@@ -82,18 +87,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--warmup",
         type=int,
         default=2,
-        help="warm-up requests (rounds for the overhead experiments), excluded (default 2)",
+        help="warm-up requests (rounds for the overhead experiments), excluded (default %(default)s)",
     )
     p.add_argument("--max-tokens", type=int, default=None, help="default 8; throughput 256 (with ignore_eos)")
     s = p.add_argument_group("switch and two-server experiments")
-    s.add_argument("--segment-s", type=float, default=25.0, help="throughput: seconds per segment (default 25)")
-    s.add_argument("--segments", type=int, default=3, help="throughput: segments per arm (default 3)")
-    s.add_argument("--settle-s", type=float, default=2.0, help="throughput: seconds excluded after a flip (default 2)")
+    s.add_argument(
+        "--segment-s", type=float, default=25.0, help="throughput: seconds per segment (default %(default)s)"
+    )
+    s.add_argument("--segments", type=int, default=3, help="throughput: segments per arm (default %(default)s)")
+    s.add_argument(
+        "--settle-s", type=float, default=2.0, help="throughput: seconds excluded after a flip (default %(default)s)"
+    )
     s.add_argument(
         "--gap-ms",
         type=float,
         default=100.0,
-        help="overhead/ablation: idle gap between a response's end and the next request, both arms (default 100)",
+        help="overhead/ablation: idle gap between a response's end and the next request, both arms (default %(default)s)",
     )
     s.add_argument(
         "--ablation-groups",
@@ -116,13 +125,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--server-pid", type=int, default=None, help="throughput with --url: the server's API process")
     s.add_argument(
-        "--launches", type=int, default=2, help="overhead-crossover: launches per orientation, A/B and A/A (default 2)"
+        "--launches",
+        type=int,
+        default=2,
+        help="overhead-crossover: launches per orientation, A/B and A/A (default %(default)s)",
     )
     s.add_argument("--no-aa", action="store_true", help="overhead-crossover: skip the A/A control")
     s.add_argument("--deadline", type=float, default=None, help="epoch seconds: stop sending new requests after it")
     p.add_argument("--seed", type=int, default=None, help="image/question seed (default: random per run)")
-    p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request (s)")
-    p.add_argument("--records-timeout", type=float, default=30.0, help="how long to wait for records (s)")
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="client timeout per request, seconds (default %(default)s)"
+    )
+    p.add_argument(
+        "--records-timeout",
+        type=float,
+        default=30.0,
+        help="how long to wait for records, seconds (default %(default)s)",
+    )
     p.add_argument(
         "--no-pause", action="store_true", help="overhead-crossover: leave the idle server running (default: SIGSTOP)"
     )

@@ -28,6 +28,37 @@ DEMO_SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")
 KINDS = ("new image", "same image again", "different image, same question", "same image, question first")
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--serve-only", action="store_true", help="leave the server running until interrupted (Ctrl-C)")
+    p.add_argument("--port", type=int, default=0, help="the server's port (default %(default)s: a free port)")
+    p.add_argument(
+        "--jsonl",
+        default=None,
+        metavar="PATH",
+        help="where the server writes its records, kept after the run (default: a temporary file, removed)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=_rounds,
+        default=5,
+        metavar="N",
+        help="rounds of the four reference requests (default %(default)s)",
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (the progress goes to stderr)")
+    p.add_argument("server_args", nargs="*", help="SGLang server flags for the demo's server, after --")
+
+
+def _rounds(text: str) -> int:
+    """``--rounds``' type: a whole number of at least 1 (no rounds would measure nothing and say nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1 (each round sends the four reference requests)")
+    return value
+
+
 def server_args(extra: list[str]) -> tuple[str, ...]:
     """The demo server's SGLang flags: its own, then the user's (given after ``--``; later flags win).
 
