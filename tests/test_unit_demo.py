@@ -3,6 +3,7 @@ SGLang flags it passes to its server."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
@@ -65,3 +66,52 @@ def test_rounds_below_one_is_a_usage_error(monkeypatch, capsys):
             .startswith(f"sglang-mmtrace demo: error: argument --rounds: {why}")
         )
     assert main.build_parser().parse_args(["demo", "--rounds", "1"]).rounds == 1
+
+
+# SGLang 0.5.23's own start-up lines on the CPU (a demo server's log, cut to fit), in the order they came
+IMPORTING = """\
+/venv/lib/python3.11/site-packages/torch/cuda/__init__.py:228: UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount().
+  return torch._C._cuda_getDeviceCount() > 0
+/venv/lib/python3.11/site-packages/sglang/launch_server.py:71: UserWarning: 'python -m sglang.launch_server' is still supported, but 'sglang serve' is the recommended entrypoint.
+  Example: sglang serve --model-path <model> [options]
+  warnings.warn(
+"""
+LAUNCHED = """\
+[2026-12-06 23:00:39] Cuda graph is disabled because of using torch native attention backend
+[2026-12-06 23:00:39] server_args={'model_path': '/tmp/tiny-qwen3vl-seed0', 'device': 'cpu'}
+[2026-12-06 23:00:41] Cannot detect CUDA architecture.
+"""
+LOADING = """\
+[2026-12-06 23:01:36] Init parallel begin.
+[2026-12-06 23:01:36] Init parallel ends. elapsed=0.42 s
+[2026-12-06 23:01:41] Load weight begin. avail mem=15.67 GB
+[2026-12-06 23:01:41] Using sdpa as multimodal attention backend.
+"""
+SERVING = """\
+[2026-12-06 23:01:42] Load weight end. elapsed=1.20 s, type=Qwen3VLForConditionalGeneration, avail mem=15.23 GB, mem usage=0.44 GB.
+[2026-12-06 23:01:51] Memory pool end. avail mem=12.87 GB
+[2026-12-06 23:01:51] max_total_num_tokens=65536, chunked_prefill_size=4096, max_prefill_tokens=16384
+[2026-12-06 23:01:52] INFO:     Application startup complete.
+[2026-12-06 23:01:52] INFO:     Uvicorn running on http://127.0.0.1:52145 (Press CTRL+C to quit)
+[2026-12-06 23:01:52] INFO:     127.0.0.1:60380 - "GET /health HTTP/1.1" 503 Service Unavailable
+"""
+PROBED = """\
+[2026-12-06 23:01:57] INFO:     127.0.0.1:41896 - "GET /health HTTP/1.1" 503 Service Unavailable
+[rank0]:W1206 23:01:57.395000 5924 torch/utils/cpp_extension.py:183] [0/0] No CUDA runtime is found, using CUDA_HOME='/usr/local'
+[2026-12-06 23:01:57] INFO:     127.0.0.1:41912 - "GET /health HTTP/1.1" 503 Service Unavailable
+"""
+
+
+def test_startup_progress_names_the_phase_never_a_log_line():
+    out = io.StringIO()
+    progress = demo.StartupProgress(out)
+    for seconds, tail in enumerate((IMPORTING, IMPORTING + LAUNCHED, LAUNCHED + LOADING, LOADING + SERVING, PROBED)):
+        progress(10.0 * (seconds + 1), tail)
+    assert out.getvalue().splitlines() == [
+        "  ... SGLang starting (10 s): importing SGLang",
+        "  ... SGLang starting (20 s): starting its scheduler and detokenizer processes",
+        "  ... SGLang starting (30 s): loading the model weights",
+        "  ... SGLang starting (40 s): warming up (SGLang's own first request runs through the model)",
+        # the tail is all probes and a CUDA warning now: the phase stays where the log last said it was
+        "  ... SGLang starting (50 s): warming up (SGLang's own first request runs through the model)",
+    ]

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..bench.records import RecordsTail
 from ..report.analysis import format_table, parent_stages, quantile, summarize
@@ -89,7 +89,6 @@ the next process had not already started (a gap between the two ends it joins), 
 the prompt tokens SGLang served from its radix (prefix) cache. "coverage": the part of TTFT the stages
 explain."""
 TOP_STAGES = 2  # named per request kind in the findings
-LOG_NOISE = ("warn", "get /health")  # start-up log lines not worth showing as progress (lower case)
 SKIPPED_MIN_S = 0.5e-3  # a stage a cache skipped is named when it took at least this on a new image
 
 
@@ -135,6 +134,44 @@ def run_reference(base_url: str, rounds: int) -> dict[str, str]:
             chunks, _, _ = stream_chat(base_url, messages, max_tokens=4)
             kinds[chunks[0]["id"]] = kind
     return kinds
+
+
+STARTUP_PHASES: tuple[tuple[str, str], ...] = (
+    ("", "importing SGLang"),
+    ("server_args=", "starting its scheduler and detokenizer processes"),
+    ("Init parallel begin.", "setting up the model runner"),
+    ("Load weight begin.", "loading the model weights"),
+    ("Load weight end.", "allocating the KV cache"),
+    (" graph begin.", "capturing the model's graphs"),
+    ("max_total_num_tokens=", "starting the HTTP server"),
+    ("Uvicorn running on", "warming up (SGLang's own first request runs through the model)"),
+    ("The server is fired up and ready to roll!", "ready"),
+)
+"""SGLang's start-up in order: the log line (a part of it) that begins a phase, and what the demo says.
+
+The lines are SGLang 0.5.23's own (launcher's ``server_args=``, ``Init parallel begin.``, the model
+runner's ``Load weight begin.``/``end.``, ``Capture ... graph begin.``, the scheduler's
+``max_total_num_tokens=``, uvicorn's ``Uvicorn running on``, ``The server is fired up ...`` after the
+warm-up request); a release that words them otherwise shows an earlier phase, never a wrong line."""
+
+
+class StartupProgress:
+    """The demo's ``CpuServer(progress=...)``: one line per call saying which start-up phase SGLang is in.
+
+    It prints a phase's words (``STARTUP_PHASES``), never a log line: on a CPU the start-up log is
+    mostly import warnings that read as errors ("No CUDA runtime is found", "Cannot detect CUDA
+    architecture", the ``sglang serve`` example of a deprecation warning), and the full log is one
+    path away (the demo prints it when it starts). The phase is the furthest one seen in any call:
+    the log tail it gets is soon all GET /health probes, which push a phase's own line out of it."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.phase = 0
+
+    def __call__(self, seconds: float, log_tail: str) -> None:
+        seen = [i for i, (mark, _) in enumerate(STARTUP_PHASES) if mark and mark in log_tail]
+        self.phase = max([self.phase, *seen])
+        print(f"  ... SGLang starting ({seconds:.0f} s): {STARTUP_PHASES[self.phase][1]}", file=self.out, flush=True)
 
 
 PLUGIN_MARK = "sglang-mmtrace:"
@@ -190,9 +227,12 @@ def run(args: argparse.Namespace) -> int:
     jsonl = args.jsonl or os.path.join(scratch, "records.jsonl")
     Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
     info = sys.stderr if args.json else sys.stdout  # with --json, stdout carries only the JSON
-    print(f"starting SGLang on the CPU (tiny Qwen3-VL, plugin on); records -> {jsonl}", file=info, flush=True)
+    fd, log = tempfile.mkstemp(prefix="mmtrace-demo-sglang-", suffix=".log")  # kept: the start-up's details
+    os.close(fd)
+    print(f"starting SGLang on the CPU (tiny Qwen3-VL, plugin on); records -> {jsonl}", file=info)
+    print(f"SGLang's own log (every line; below, only its start-up phase): {log}", file=info, flush=True)
     try:
-        return _run(args, jsonl, info)
+        return _run(args, jsonl, log, info)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -201,24 +241,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"records: {jsonl}  (sglang-mmtrace report {jsonl})", file=info)
 
 
-def _run(args: argparse.Namespace, jsonl: str, info: Any) -> int:
+def _run(args: argparse.Namespace, jsonl: str, log: str, info: TextIO) -> int:
     from ..harness import CpuServer
 
-    def progress(seconds: float, log_tail: str) -> None:
-        said = [
-            ln.strip() for ln in log_tail.splitlines() if ln.strip() and not any(n in ln.lower() for n in LOG_NOISE)
-        ]
-        print(
-            f"  ... SGLang still starting ({seconds:.0f} s)" + (f": {said[-1][-110:]}" if said else ""),
-            file=info,
-            flush=True,
-        )
-
     flags = server_args(args.server_args)
-    with CpuServer(port=args.port, jsonl_path=jsonl, server_args=flags, launcher=True, progress=progress) as server:
+    progress = StartupProgress(info)
+    with CpuServer(
+        port=args.port, jsonl_path=jsonl, server_args=flags, log_path=log, launcher=True, progress=progress
+    ) as server:
         print(f"server healthy at {server.base_url} after {server.startup_seconds:.1f} s", file=info, flush=True)
-        assert server.log_path is not None  # chosen by start()
-        plugin_lines = PluginLines(server.log_path)
+        plugin_lines = PluginLines(log)
         plugin_lines.relay()
         try:
             if args.serve_only:
