@@ -10,6 +10,7 @@ import pytest
 
 from sglang_mmtrace.cli import demo, main
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS, KINDS, findings
+from sglang_mmtrace.stages import STAGES
 
 
 def _group(ttft_ms: float, stages_ms: dict[str, float]) -> dict[str, Any]:
@@ -28,8 +29,8 @@ def test_findings_name_the_leading_leaf_stages_and_what_a_cache_skipped():
     )  # fmt: skip
     same = _group(45.0, {"tokenize": 2.0, "mm.process": 1.5, "model.forward": 13.0, "model.prefill": 12.0})
     different = _group(101.0, dict((s, v["p50"] * 1e3) for s, v in new["stages"].items()))
-    lines = findings({KINDS[0]: new, KINDS[1]: same, KINDS[2]: different, KINDS[3]: {"n": 0, "stages": {}}})
-    assert len(lines) == 3  # a kind without requests says nothing
+    lines, named = findings({KINDS[0]: new, KINDS[1]: same, KINDS[2]: different, KINDS[3]: {"n": 0, "stages": {}}})
+    assert len(lines) == 3  # a kind without requests says nothing; five requests each: no caveat
     # leaves only: mm.process and model.forward hold the named stages, so they are not named themselves
     assert lines[0] == "new image: TTFT 100.0 ms; most of it in model.vision_encoder 35%, mm.resize_normalize 15%"
     assert lines[1].startswith("same image again: TTFT 45.0 ms; most of it in model.prefill 27%, mm.process 3%")
@@ -38,6 +39,35 @@ def test_findings_name_the_leading_leaf_stages_and_what_a_cache_skipped():
         "model.vision_encoder 35.0 ms)"
     )
     assert lines[2].endswith("+1.0 ms against a new image (nothing skipped)")
+    # every stage the lines name, once, in the order they first appear (the legend explains these)
+    assert named == ["model.vision_encoder", "mm.resize_normalize", "model.prefill", "mm.process", "mm.decode"]
+
+
+def test_findings_from_few_requests_say_they_may_be_noise():
+    def kinds(n: int) -> dict[str, dict[str, Any]]:
+        return {k: {**_group(50.0, {"tokenize": 20.0, "model.prefill": 10.0}), "n": n} for k in KINDS}
+
+    for n, caveat in ((1, "1 request per kind"), (2, "2 requests per kind")):
+        lines, _ = findings(kinds(n))
+        assert len(lines) == len(KINDS) + 1
+        assert lines[-1] == (
+            f"these figures come from {caveat}: one slow request moves such a median, so they may be noise "
+            "(--rounds 3 or more)"
+        )
+    one_short = {**kinds(5), KINDS[2]: {**kinds(2)[KINDS[2]]}}  # a kind that lost records: its count counts
+    assert findings(one_short)[0][-1].startswith("these figures come from 2 requests per kind")
+    assert len(findings(kinds(3))[0]) == len(KINDS)  # from three on, no caveat
+
+
+def test_legend_says_what_each_named_stage_measures_in_the_catalogues_words():
+    text = demo.legend(["scheduler.overlap_wait", "model.vision_encoder"])
+    assert text.startswith(demo.LEGEND + "\nWhat the stages named below measure:\n")
+    assert text.splitlines()[-2:] == [
+        f"  scheduler.overlap_wait  {STAGES['scheduler.overlap_wait'].covers}",
+        f"  model.vision_encoder    {STAGES['model.vision_encoder'].covers}",
+    ]
+    assert "overlap scheduler" in text  # the catalogue's words, not a copy that could drift
+    assert demo.legend([]) == demo.LEGEND
 
 
 def test_flags_after_the_double_dash_go_to_the_server(monkeypatch):

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from ..bench.records import RecordsTail
 from ..report.analysis import format_table, parent_stages, quantile, summarize
-from ..stages import ROOT
+from ..stages import ROOT, STAGES
 
 QUESTION = "What is in this image?"
 DEMO_SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")
@@ -90,6 +90,18 @@ the prompt tokens SGLang served from its radix (prefix) cache. "coverage": the p
 explain."""
 TOP_STAGES = 2  # named per request kind in the findings
 SKIPPED_MIN_S = 0.5e-3  # a stage a cache skipped is named when it took at least this on a new image
+FEW_REQUESTS = 3
+"""Findings from fewer requests of a kind than this say they may be noise: the median of one or two
+requests is set by any one of them (one slow request, a first-use compile or a GC pause, moves it);
+from three on, one outlier cannot set it."""
+
+
+def legend(stages: list[str]) -> str:
+    """``LEGEND`` and, one line each, what the stages the findings name measure, in the stage catalogue's
+    words (the findings name stages, the table lists them all; their meaning is not otherwise shown)."""
+    width = max((len(s) for s in stages), default=0)
+    meaning = [f"  {s:<{width}}  {STAGES[s].covers}" for s in stages]
+    return "\n".join([LEGEND, "What the stages named below measure:", *meaning] if stages else [LEGEND])
 
 
 def _leaves(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -98,15 +110,19 @@ def _leaves(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {s: v for s, v in stages.items() if s != ROOT and s not in parents}
 
 
-def findings(summary: dict[str, dict[str, Any]]) -> list[str]:
+def findings(summary: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     """One line per request kind: where its TTFT went, and for the kinds after the first, what the
-    caches saved against a new image (the TTFT difference and the stages that did not run)."""
-    lines = []
+    caches saved against a new image (the TTFT difference and the stages that did not run); then, from
+    fewer than ``FEW_REQUESTS`` requests of a kind, that the figures may be noise. Also the stages the
+    lines name, in the order they first appear (the legend says what each measures)."""
+    lines: list[str] = []
+    named: list[str] = []
     base = summary.get(KINDS[0])
     for kind, g in summary.items():
         if not g.get("n"):
             continue
         top = sorted(_leaves(g["stages"]).items(), key=lambda kv: -kv[1]["share"])[:TOP_STAGES]
+        named += [s for s, _ in top]
         where = ", ".join(f"{s} {v['share'] * 100:.0f}%" for s, v in top)
         line = f"{kind}: TTFT {g['ttft_p50'] * 1e3:.1f} ms; most of it in {where}"
         if base is not None and kind != KINDS[0] and base.get("n"):
@@ -115,13 +131,20 @@ def findings(summary: dict[str, dict[str, Any]]) -> list[str]:
                 (s, v["p50"]) for s, v in _leaves(base["stages"]).items()
                 if s not in g["stages"] and v["p50"] >= SKIPPED_MIN_S
             ]  # fmt: skip
+            named += [s for s, _ in skipped]
             line += f"; {delta * 1e3:+.1f} ms against a new image"
             if skipped:
                 line += " (skipped: " + ", ".join(f"{s} {t * 1e3:.1f} ms" for s, t in skipped) + ")"
             else:
                 line += " (nothing skipped)"
         lines.append(line)
-    return lines
+    fewest = min((g["n"] for g in summary.values() if g.get("n")), default=FEW_REQUESTS)
+    if fewest < FEW_REQUESTS:
+        lines.append(
+            f"these figures come from {fewest} request{'s' if fewest > 1 else ''} per kind: one slow request moves "
+            f"such a median, so they may be noise (--rounds {FEW_REQUESTS} or more)"
+        )
+    return lines, list(dict.fromkeys(named))
 
 
 def run_reference(base_url: str, rounds: int) -> dict[str, str]:
@@ -278,10 +301,11 @@ def _run(args: argparse.Namespace, jsonl: str, log: str, info: TextIO) -> int:
         covs = sorted(r["coverage"] for r in ours if r["status"] == "ok")
         if covs:
             print(f"coverage over {len(covs)} reference requests: min {covs[0]:.3f}, median {quantile(covs, 0.5):.3f}")
+        lines, named = findings(summary)
         print()
-        print(LEGEND)
+        print(legend(named))
         print()
         print("What this run found (medians):")
-        for line in findings(summary):
+        for line in lines:
             print("- " + line)
     return 0
