@@ -145,3 +145,17 @@ def test_startup_progress_names_the_phase_never_a_log_line():
         # the tail is all probes and a CUDA warning now: the phase stays where the log last said it was
         "  ... SGLang starting (50 s): warming up (SGLang's own first request runs through the model)",
     ]
+
+
+def test_jsonl_that_cannot_be_written_is_one_line_before_any_server(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo, "_exit_on_sigterm", lambda: None)  # leave this process's SIGTERM alone
+    monkeypatch.setattr(demo, "_run", lambda *a: pytest.fail("a server was started"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for jsonl, message in (
+        (blocker / "records.jsonl", f"cannot create folder {blocker}: File exists"),
+        (tmp_path, f"cannot write {tmp_path}: Is a directory"),
+    ):
+        assert main.main(["demo", "--jsonl", str(jsonl)]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"sglang-mmtrace demo: {message}\n"

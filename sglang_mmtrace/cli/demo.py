@@ -248,7 +248,13 @@ def run(args: argparse.Namespace) -> int:
     _exit_on_sigterm()
     scratch = None if args.jsonl else tempfile.mkdtemp(prefix="mmtrace-demo-")
     jsonl = args.jsonl or os.path.join(scratch, "records.jsonl")
-    Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
+    try:  # the server appends to it: a folder there or no permission shows now, not as missing records
+        Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
+        open(jsonl, "a").close()
+    except OSError as exc:
+        what = "write" if str(exc.filename) == jsonl else "create folder"
+        print(f"sglang-mmtrace demo: cannot {what} {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     info = sys.stderr if args.json else sys.stdout  # with --json, stdout carries only the JSON
     fd, log = tempfile.mkstemp(prefix="mmtrace-demo-sglang-", suffix=".log")  # kept: the start-up's details
     os.close(fd)
