@@ -8,11 +8,13 @@ CLI's bad input (a dead ``--url``: nothing listens on the port, so no server is 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import socket
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -631,26 +633,84 @@ def _bench(capsys: Any, *args: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
-def test_bench_against_a_dead_server_exits_1_with_one_reason(tmp_path: Path, capsys: Any) -> None:
-    """Every request fails: the table and --out still show the errors, the exit status says it failed."""
-    url, out_file = _dead_url(), tmp_path / "new" / "bench.jsonl"
-    args = ("--url", url, "--experiment", "new-vs-repeat", "--n", "1", "--warmup", "0", "--out", str(out_file))
-    rc, out, err = _bench(capsys, *args)
-    assert rc == 1
-    assert "ConnectionRefusedError" in out  # the table's error column
-    assert [json.loads(line)["bench"]["ok"] for line in out_file.read_text().splitlines()] == [False, False]
-    last = err.strip().splitlines()[-1]
-    assert last == (
-        "sglang-mmtrace bench: all 2 requests failed (2 with ConnectionRefusedError: [Errno 111] Connection refused); "
-        f"is a server answering at {url}?"
+@contextlib.contextmanager
+def _answering(health: int, chat: int = 500) -> Iterator[str]:
+    """A local HTTP server that answers GET /health with ``health`` and every POST with ``chat`` (an
+    error body); yields its URL."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _send(self, status: int) -> None:
+            body = b'{"error": "stand-in"}'
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._send(health if self.path == "/health" else 404)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._send(chat)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.parametrize("experiment", ["new-vs-repeat", "overhead"])
+def test_bench_against_a_dead_server_sends_nothing_and_says_so(tmp_path: Path, capsys: Any, experiment: str) -> None:
+    """GET /health first: a dead --url is one line before any request, not a table of refusals."""
+    url, out_file = _dead_url(), tmp_path / "bench.jsonl"
+    rc, out, err = _bench(capsys, "--url", url, "--experiment", experiment, "--n", "1", "--out", str(out_file))
+    assert rc == 1 and not out and not out_file.exists()
+    assert err.strip() == (
+        f"sglang-mmtrace bench: nothing answers GET {url}/health (ConnectionRefusedError: [Errno 111] "
+        "Connection refused); is a server running there? Nothing sent"
     )
 
 
-def test_bench_switch_experiment_against_a_dead_server_is_one_line(capsys: Any) -> None:
-    url = _dead_url()
-    rc, out, err = _bench(capsys, "--url", url, "--experiment", "overhead", "--n", "1", "--warmup", "0")
+def test_bench_against_a_server_still_starting_sends_nothing(capsys: Any) -> None:
+    with _answering(health=503) as url:
+        rc, out, err = _bench(capsys, "--url", url, "--experiment", "order", "--n", "1", "--questions", "1")
     assert rc == 1 and not out
-    assert err.strip() == f"sglang-mmtrace bench: {url}: ConnectionRefusedError: [Errno 111] Connection refused"
+    assert err.strip() == (
+        f"sglang-mmtrace bench: GET {url}/health answered HTTP 503, not 200 (starting, or unhealthy); nothing sent"
+    )
+
+
+def test_bench_where_every_request_fails_shows_them_and_exits_1(tmp_path: Path, capsys: Any) -> None:
+    """A healthy server that rejects every request: the table and --out still show the errors."""
+    out_file = tmp_path / "new" / "bench.jsonl"
+    with _answering(health=200, chat=500) as url:
+        rc, out, err = _bench(capsys, "--url", url, "--experiment", "new-vs-repeat", "--n", "1", "--warmup", "0",
+                              "--out", str(out_file))  # fmt: skip
+    assert rc == 1
+    assert out.splitlines()[0].endswith(f"; target: {url} (not launched here)")  # nothing was launched
+    assert [json.loads(line)["bench"]["ok"] for line in out_file.read_text().splitlines()] == [False, False]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sglang-mmtrace bench: all 2 requests failed (2 with ") and "500" in last
+    assert last.endswith(f"; {url} answered GET /health; its log may say why")
+
+
+def test_bench_records_that_cannot_be_read_is_one_line(tmp_path: Path, capsys: Any) -> None:
+    for records, why in ((tmp_path / "typo.jsonl", "No such file or directory"), (tmp_path, "Is a directory")):
+        rc, out, err = _bench(capsys, "--url", _dead_url(), "--records", str(records), "--experiment", "order")
+        assert rc == 1 and not out
+        assert err.strip() == (
+            f"sglang-mmtrace bench: --records {records}: {why} (it is that server's SGLANG_MMTRACE_JSONL, "
+            "which the plugin creates when the server starts)"
+        )
 
 
 def test_bench_url_without_scheme_is_a_usage_error(capsys: Any) -> None:
@@ -662,8 +722,9 @@ def test_bench_url_without_scheme_is_a_usage_error(capsys: Any) -> None:
 def test_bench_out_where_a_file_blocks_the_folder(tmp_path: Path, capsys: Any) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    rc, _, err = _bench(capsys, "--url", _dead_url(), "--experiment", "order", "--n", "1", "--questions", "1",
-                        "--warmup", "0", "--out", str(blocker / "bench.jsonl"))  # fmt: skip
+    with _answering(health=200) as url:
+        rc, _, err = _bench(capsys, "--url", url, "--experiment", "order", "--n", "1", "--questions", "1",
+                            "--warmup", "0", "--out", str(blocker / "bench.jsonl"))  # fmt: skip
     assert rc == 1
     assert err.strip().splitlines()[-1] == f"sglang-mmtrace bench: cannot create folder {blocker}: File exists"
 

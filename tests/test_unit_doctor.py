@@ -15,10 +15,11 @@ import pytest
 
 from sglang_mmtrace import config
 from sglang_mmtrace import environment_variables as ev
-from sglang_mmtrace.cli import doctor
+from sglang_mmtrace.cli import doctor, main
 from sglang_mmtrace.cli.demo import PluginLines
 from sglang_mmtrace.config import Config
 from sglang_mmtrace.join.collector import JOINED_STAGES
+from sglang_mmtrace.manifest_check import MATRIX_BEGIN, MATRIX_END
 from sglang_mmtrace.stages import STAGES
 
 SINKS = ("plugin", "jsonl", "otlp", "prometheus", "nvtx", "gpu timing")
@@ -247,3 +248,29 @@ def test_plugin_lines_each_once_and_only_new(tmp_path):
 
 def test_plugin_lines_before_the_log_exists(tmp_path):
     assert PluginLines(tmp_path / "not-yet.log").new() == []
+
+
+def test_matrix_readme_that_cannot_be_used_is_one_line_before_any_matrix(tmp_path, monkeypatch, capsys):
+    """``doctor --matrix --readme PATH``: a path that cannot be read or has no markers ends in one line
+    and exit 1, before the matrix is built (that downloads wheels) or printed; a good one is rewritten."""
+    built: list[object] = []
+    monkeypatch.setattr(doctor, "matrix", lambda versions: built.append(versions) or "| stage |\n|---|")
+    plain, binary = tmp_path / "plain.md", tmp_path / "binary.md"
+    plain.write_text("# no markers here\n")
+    binary.write_bytes(b"\xff\xfe\x00 not text")
+    cases = [
+        (tmp_path / "missing.md", "cannot read {}: No such file or directory"),
+        (tmp_path, "cannot read {}: Is a directory"),
+        (binary, "cannot read {}: not UTF-8 text"),
+        (plain, f"{{}} has no support-matrix markers ({MATRIX_BEGIN} ... {MATRIX_END})"),
+    ]
+    for path, message in cases:
+        assert main.main(["doctor", "--matrix", "--readme", str(path)]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"doctor: {message.format(path)}\n"
+    assert built == []
+    readme = tmp_path / "README.md"
+    readme.write_text(f"head\n{MATRIX_BEGIN}\nold table\n{MATRIX_END}\ntail\n")
+    assert main.main(["doctor", "--matrix", "--readme", str(readme)]) == 0
+    assert readme.read_text() == f"head\n{MATRIX_BEGIN}\n| stage |\n|---|\n{MATRIX_END}\ntail\n"
+    assert capsys.readouterr().out == "| stage |\n|---|\n" and len(built) == 1

@@ -4,6 +4,7 @@ plugin's records of the same requests. CI has no GPU; the profile and records ar
 
 from __future__ import annotations
 
+import sqlite3
 from collections import Counter
 from pathlib import Path
 
@@ -88,3 +89,38 @@ def test_h200_records_have_each_stage_once_and_the_slow_first_request_is_complet
     fullest = max(({s["name"] for s in r["stages"]} for r in records), key=len)  # a new image's stages
     assert {s["name"] for s in slowest["stages"]} == fullest
     assert min(r["coverage"] for r in records) >= 0.99
+
+
+def test_inputs_that_cannot_be_read_are_one_line_and_exit_1(tmp_path, capsys):
+    """A missing or non-sqlite profile, one without the NVTX table or without the plugin's ranges, and a
+    records file that cannot be read: one line on stderr each, never a traceback."""
+    from sglang_mmtrace.cli.main import main
+
+    text, no_nvtx, no_ranges = tmp_path / "notes.txt", tmp_path / "no_nvtx.sqlite", tmp_path / "no_ranges.sqlite"
+    text.write_text("not a database\n" * 100)
+    for db_path, table in ((no_nvtx, "TARGET_INFO_GPU (id INTEGER)"),
+                           (no_ranges, "NVTX_EVENTS (domainId INTEGER, eventType INTEGER, text TEXT)")):  # fmt: skip
+        db = sqlite3.connect(db_path)
+        db.execute(f"CREATE TABLE {table}")
+        db.close()
+    profile = str(RUN / "nsys_trimmed.sqlite")
+    cases = [
+        (
+            [str(tmp_path / "missing.sqlite")],
+            f"{tmp_path / 'missing.sqlite'}: not a readable sqlite export (not a file)",
+        ),
+        ([str(tmp_path)], f"{tmp_path}: not a readable sqlite export (not a file)"),
+        ([str(text)], f"{text}: not a readable sqlite export (file is not a database)"),
+        ([str(no_nvtx)], f"{no_nvtx}: no NVTX_EVENTS table (was the profile taken with -t nvtx?)"),
+        ([profile, "--records", str(tmp_path / "typo.jsonl")], f"{tmp_path / 'typo.jsonl'}: No such file or directory"),
+    ]
+    for args, message in cases:
+        assert main(["nsys", *args]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"sglang-mmtrace nsys: {message}\n"
+    # no ranges of the plugin's domain: the (empty) summary, then the reason
+    assert main(["nsys", str(no_ranges)]) == 1
+    out, err = capsys.readouterr()
+    assert out and err == (
+        f"sglang-mmtrace nsys: no ranges of the sglang_mmtrace NVTX domain in {no_ranges} (profile with -t cuda,nvtx)\n"
+    )

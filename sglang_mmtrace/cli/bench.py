@@ -4,17 +4,19 @@ Each output line is the plugin's record of one measured request plus a ``bench``
 (experiment, variant, client TTFT/e2e, ok, error, usage tokens, ...); requests without a record
 (failed, plugin off, no ``--records``) still get a line.
 
-A run whose every measured request failed (nothing listening at ``--url``, a server that rejects
-every request) measured nothing: the table and ``--out`` are still written, to show the errors, and
-the exit status is 1 with a one-line reason on stderr. A server that cannot be reached at all by the
-switch experiments (``overhead``, ``ablation``, ``throughput``), a server without the plugin's switch,
-and an ``--out`` that cannot be written also end in one line and exit 1, not a traceback.
+A ``--url`` is asked GET /health before any request: one that does not answer 200 (nothing
+listening, a server still starting) ends the run there, in one line on stderr with exit status 1, as
+does a ``--records`` file that cannot be read. A run whose every measured request failed (a server
+that rejects every request) measured nothing: the table and ``--out`` are still written, to show the
+errors, and the exit status is 1 with a one-line reason on stderr. A server without the plugin's
+switch and an ``--out`` that cannot be written also end in one line and exit 1, not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import http.client
 import json
 import secrets
 import shlex
@@ -27,12 +29,14 @@ from ..bench import ALL
 from ..bench.client import host_port
 from ..bench.experiments import (
     CONCURRENCY_DEFAULT,
+    PER_TARGET,
     RESOLUTION_ASPECTS,
     RESOLUTION_SIZES,
     THROUGHPUT_CLIENTS,
     Options,
 )
 from ..bench.switchctl import SwitchError
+from ..harness.server import HEALTH_PROBE_TIMEOUT_S, http_status
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,7 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "words are its environment). No GPU: the real CPU server with the tiny Qwen3-VL plus ARGS. GPU: "
         "python -m sglang.launch_server ARGS (name the model). Default without --url: the CPU demo config",
     )
-    t.add_argument("--launcher", choices=("auto", "cpu", "gpu"), default="auto", help="which server --launch starts")
+    t.add_argument(
+        "--launcher",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="which server --launch starts (default %(default)s: gpu when CUDA is available)",
+    )
     p.add_argument("--experiment", action="append", required=True, choices=ALL, help="repeatable")
     p.add_argument(
         "--n",
@@ -58,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "ablation 60 rounds, "
         "overhead-crossover 50 rounds per launch",
     )
-    p.add_argument("--questions", type=int, default=100, help="order: number of questions (default 100)")
+    p.add_argument("--questions", type=int, default=100, help="order: number of questions (default %(default)s)")
     p.add_argument("--size", default=None, help="image size: N or WxH (default 512; the overhead experiments: 640x480)")
     p.add_argument(
         "--concurrency",
@@ -82,18 +91,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--warmup",
         type=int,
         default=2,
-        help="warm-up requests (rounds for the overhead experiments), excluded (default 2)",
+        help="warm-up requests (rounds for the overhead experiments), excluded (default %(default)s)",
     )
     p.add_argument("--max-tokens", type=int, default=None, help="default 8; throughput 256 (with ignore_eos)")
     s = p.add_argument_group("switch and two-server experiments")
-    s.add_argument("--segment-s", type=float, default=25.0, help="throughput: seconds per segment (default 25)")
-    s.add_argument("--segments", type=int, default=3, help="throughput: segments per arm (default 3)")
-    s.add_argument("--settle-s", type=float, default=2.0, help="throughput: seconds excluded after a flip (default 2)")
+    s.add_argument(
+        "--segment-s", type=float, default=25.0, help="throughput: seconds per segment (default %(default)s)"
+    )
+    s.add_argument("--segments", type=int, default=3, help="throughput: segments per arm (default %(default)s)")
+    s.add_argument(
+        "--settle-s", type=float, default=2.0, help="throughput: seconds excluded after a flip (default %(default)s)"
+    )
     s.add_argument(
         "--gap-ms",
         type=float,
         default=100.0,
-        help="overhead/ablation: idle gap between a response's end and the next request, both arms (default 100)",
+        help="overhead/ablation: idle gap between a response's end and the next request, both arms (default %(default)s)",
     )
     s.add_argument(
         "--ablation-groups",
@@ -116,13 +129,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--server-pid", type=int, default=None, help="throughput with --url: the server's API process")
     s.add_argument(
-        "--launches", type=int, default=2, help="overhead-crossover: launches per orientation, A/B and A/A (default 2)"
+        "--launches",
+        type=int,
+        default=2,
+        help="overhead-crossover: launches per orientation, A/B and A/A (default %(default)s)",
     )
     s.add_argument("--no-aa", action="store_true", help="overhead-crossover: skip the A/A control")
     s.add_argument("--deadline", type=float, default=None, help="epoch seconds: stop sending new requests after it")
     p.add_argument("--seed", type=int, default=None, help="image/question seed (default: random per run)")
-    p.add_argument("--timeout", type=float, default=120.0, help="client timeout per request (s)")
-    p.add_argument("--records-timeout", type=float, default=30.0, help="how long to wait for records (s)")
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="client timeout per request, seconds (default %(default)s)"
+    )
+    p.add_argument(
+        "--records-timeout",
+        type=float,
+        default=30.0,
+        help="how long to wait for records, seconds (default %(default)s)",
+    )
     p.add_argument(
         "--no-pause", action="store_true", help="overhead-crossover: leave the idle server running (default: SIGSTOP)"
     )
@@ -145,6 +168,22 @@ def all_failed(lines: list[dict[str, Any]]) -> str | None:
     return f"all {len(lines)} requests failed ({n} with {error})"
 
 
+def unhealthy(url: str) -> str | None:
+    """Why ``url`` is no server to measure, in one line; None when its GET /health answers 200.
+
+    Asked before the first request: without it a dead ``--url`` costs every planned request its
+    refusal or timeout before the run can say so, and a server still starting fails them."""
+    try:
+        status = http_status(url, "/health", HEALTH_PROBE_TIMEOUT_S)
+    except (OSError, http.client.HTTPException) as exc:
+        return (
+            f"nothing answers GET {url}/health ({type(exc).__name__}: {exc}); is a server running there? Nothing sent"
+        )
+    if status != 200:
+        return f"GET {url}/health answered HTTP {status}, not 200 (starting, or unhealthy); nothing sent"
+    return None
+
+
 def parse_size(text: str) -> tuple[int, int]:
     w, _, h = text.lower().partition("x")
     return int(w), int(h or w)
@@ -162,6 +201,18 @@ def run(args: argparse.Namespace) -> int:
             host_port(args.url)
         except ValueError as exc:  # no http:// scheme, a port that is not a number
             return _error(f"--url: {exc}", 2)
+    if args.records:
+        try:  # a mistyped path would otherwise pass as "no plugin record" for every request
+            open(args.records, "rb").close()
+        except OSError as exc:
+            return _error(
+                f"--records {args.records}: {exc.strerror or exc} (it is that server's SGLANG_MMTRACE_JSONL,"
+                " which the plugin creates when the server starts)"
+            )
+    experiments = list(dict.fromkeys(args.experiment))
+    url = args.url.rstrip("/") if args.url else None
+    if url and any(e in PER_TARGET for e in experiments) and (why := unhealthy(url)):
+        return _error(why)
     seed = args.seed if args.seed is not None else secrets.randbits(31)
     opts = Options(
         n=args.n,
@@ -187,9 +238,9 @@ def run(args: argparse.Namespace) -> int:
     )
     gpu = gpu_available() if args.launcher == "auto" else args.launcher == "gpu"
     st = driver.Settings(
-        experiments=list(dict.fromkeys(args.experiment)),
+        experiments=experiments,
         opts=opts,
-        url=args.url.rstrip("/") if args.url else None,
+        url=url,
         records=Path(args.records) if args.records else None,
         launch=configs_from(args.launch),
         gpu=gpu,
@@ -218,9 +269,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"summaries": sums, "results": outcome.results, "notes": outcome.notes}, indent=2))
     else:
+        target = f"{url} (not launched here)" if url else f"servers launched here ({'GPU' if gpu else 'CPU'} launcher)"
         head = [
-            f"sglang-mmtrace bench, {started}, seed {seed}, "
-            f"{'GPU' if gpu else 'CPU'} launcher; target: {st.url or 'launched servers'}",
+            f"sglang-mmtrace bench, {started}, seed {seed}; target: {target}",
             f"command: sglang-mmtrace bench {shlex.join(sys.argv[2:]) if sys.argv[1:2] == ['bench'] else ''}".rstrip(),
         ]
         print("\n".join(head))
@@ -228,6 +279,6 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             print(f"{len(outcome.lines)} lines -> {args.out}")
     if reason := all_failed(outcome.lines):
-        hint = f"is a server answering at {st.url}?" if st.url else f"server logs: {st.work_dir}"
+        hint = f"{st.url} answered GET /health; its log may say why" if st.url else f"server logs: {st.work_dir}"
         return _error(f"{reason}; {hint}")
     return 0

@@ -17,15 +17,46 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..bench.records import RecordsTail
 from ..report.analysis import format_table, parent_stages, quantile, summarize
-from ..stages import ROOT
+from ..stages import ROOT, STAGES
 
 QUESTION = "What is in this image?"
 DEMO_SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")
 KINDS = ("new image", "same image again", "different image, same question", "same image, question first")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--serve-only", action="store_true", help="leave the server running until interrupted (Ctrl-C)")
+    p.add_argument("--port", type=int, default=0, help="the server's port (default %(default)s: a free port)")
+    p.add_argument(
+        "--jsonl",
+        default=None,
+        metavar="PATH",
+        help="where the server writes its records, kept after the run (default: a temporary file, removed)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=_rounds,
+        default=5,
+        metavar="N",
+        help="rounds of the four reference requests (default %(default)s)",
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (the progress goes to stderr)")
+    p.add_argument("server_args", nargs="*", help="SGLang server flags for the demo's server, after --")
+
+
+def _rounds(text: str) -> int:
+    """``--rounds``' type: a whole number of at least 1 (no rounds would measure nothing and say nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1 (each round sends the four reference requests)")
+    return value
 
 
 def server_args(extra: list[str]) -> tuple[str, ...]:
@@ -58,8 +89,19 @@ the next process had not already started (a gap between the two ends it joins), 
 the prompt tokens SGLang served from its radix (prefix) cache. "coverage": the part of TTFT the stages
 explain."""
 TOP_STAGES = 2  # named per request kind in the findings
-LOG_NOISE = ("warn", "get /health")  # start-up log lines not worth showing as progress (lower case)
 SKIPPED_MIN_S = 0.5e-3  # a stage a cache skipped is named when it took at least this on a new image
+FEW_REQUESTS = 3
+"""Findings from fewer requests of a kind than this say they may be noise: the median of one or two
+requests is set by any one of them (one slow request, a first-use compile or a GC pause, moves it);
+from three on, one outlier cannot set it."""
+
+
+def legend(stages: list[str]) -> str:
+    """``LEGEND`` and, one line each, what the stages the findings name measure, in the stage catalogue's
+    words (the findings name stages, the table lists them all; their meaning is not otherwise shown)."""
+    width = max((len(s) for s in stages), default=0)
+    meaning = [f"  {s:<{width}}  {STAGES[s].covers}" for s in stages]
+    return "\n".join([LEGEND, "What the stages named below measure:", *meaning] if stages else [LEGEND])
 
 
 def _leaves(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -68,15 +110,19 @@ def _leaves(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {s: v for s, v in stages.items() if s != ROOT and s not in parents}
 
 
-def findings(summary: dict[str, dict[str, Any]]) -> list[str]:
+def findings(summary: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     """One line per request kind: where its TTFT went, and for the kinds after the first, what the
-    caches saved against a new image (the TTFT difference and the stages that did not run)."""
-    lines = []
+    caches saved against a new image (the TTFT difference and the stages that did not run); then, from
+    fewer than ``FEW_REQUESTS`` requests of a kind, that the figures may be noise. Also the stages the
+    lines name, in the order they first appear (the legend says what each measures)."""
+    lines: list[str] = []
+    named: list[str] = []
     base = summary.get(KINDS[0])
     for kind, g in summary.items():
         if not g.get("n"):
             continue
         top = sorted(_leaves(g["stages"]).items(), key=lambda kv: -kv[1]["share"])[:TOP_STAGES]
+        named += [s for s, _ in top]
         where = ", ".join(f"{s} {v['share'] * 100:.0f}%" for s, v in top)
         line = f"{kind}: TTFT {g['ttft_p50'] * 1e3:.1f} ms; most of it in {where}"
         if base is not None and kind != KINDS[0] and base.get("n"):
@@ -85,13 +131,20 @@ def findings(summary: dict[str, dict[str, Any]]) -> list[str]:
                 (s, v["p50"]) for s, v in _leaves(base["stages"]).items()
                 if s not in g["stages"] and v["p50"] >= SKIPPED_MIN_S
             ]  # fmt: skip
+            named += [s for s, _ in skipped]
             line += f"; {delta * 1e3:+.1f} ms against a new image"
             if skipped:
                 line += " (skipped: " + ", ".join(f"{s} {t * 1e3:.1f} ms" for s, t in skipped) + ")"
             else:
                 line += " (nothing skipped)"
         lines.append(line)
-    return lines
+    fewest = min((g["n"] for g in summary.values() if g.get("n")), default=FEW_REQUESTS)
+    if fewest < FEW_REQUESTS:
+        lines.append(
+            f"these figures come from {fewest} request{'s' if fewest > 1 else ''} per kind: one slow request moves "
+            f"such a median, so they may be noise (--rounds {FEW_REQUESTS} or more)"
+        )
+    return lines, list(dict.fromkeys(named))
 
 
 def run_reference(base_url: str, rounds: int) -> dict[str, str]:
@@ -104,6 +157,44 @@ def run_reference(base_url: str, rounds: int) -> dict[str, str]:
             chunks, _, _ = stream_chat(base_url, messages, max_tokens=4)
             kinds[chunks[0]["id"]] = kind
     return kinds
+
+
+STARTUP_PHASES: tuple[tuple[str, str], ...] = (
+    ("", "importing SGLang"),
+    ("server_args=", "starting its scheduler and detokenizer processes"),
+    ("Init parallel begin.", "setting up the model runner"),
+    ("Load weight begin.", "loading the model weights"),
+    ("Load weight end.", "allocating the KV cache"),
+    (" graph begin.", "capturing the model's graphs"),
+    ("max_total_num_tokens=", "starting the HTTP server"),
+    ("Uvicorn running on", "warming up (SGLang's own first request runs through the model)"),
+    ("The server is fired up and ready to roll!", "ready"),
+)
+"""SGLang's start-up in order: the log line (a part of it) that begins a phase, and what the demo says.
+
+The lines are SGLang 0.5.23's own (launcher's ``server_args=``, ``Init parallel begin.``, the model
+runner's ``Load weight begin.``/``end.``, ``Capture ... graph begin.``, the scheduler's
+``max_total_num_tokens=``, uvicorn's ``Uvicorn running on``, ``The server is fired up ...`` after the
+warm-up request); a release that words them otherwise shows an earlier phase, never a wrong line."""
+
+
+class StartupProgress:
+    """The demo's ``CpuServer(progress=...)``: one line per call saying which start-up phase SGLang is in.
+
+    It prints a phase's words (``STARTUP_PHASES``), never a log line: on a CPU the start-up log is
+    mostly import warnings that read as errors ("No CUDA runtime is found", "Cannot detect CUDA
+    architecture", the ``sglang serve`` example of a deprecation warning), and the full log is one
+    path away (the demo prints it when it starts). The phase is the furthest one seen in any call:
+    the log tail it gets is soon all GET /health probes, which push a phase's own line out of it."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.phase = 0
+
+    def __call__(self, seconds: float, log_tail: str) -> None:
+        seen = [i for i, (mark, _) in enumerate(STARTUP_PHASES) if mark and mark in log_tail]
+        self.phase = max([self.phase, *seen])
+        print(f"  ... SGLang starting ({seconds:.0f} s): {STARTUP_PHASES[self.phase][1]}", file=self.out, flush=True)
 
 
 PLUGIN_MARK = "sglang-mmtrace:"
@@ -157,11 +248,20 @@ def run(args: argparse.Namespace) -> int:
     _exit_on_sigterm()
     scratch = None if args.jsonl else tempfile.mkdtemp(prefix="mmtrace-demo-")
     jsonl = args.jsonl or os.path.join(scratch, "records.jsonl")
-    Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
+    try:  # the server appends to it: a folder there or no permission shows now, not as missing records
+        Path(jsonl).parent.mkdir(parents=True, exist_ok=True)
+        open(jsonl, "a").close()
+    except OSError as exc:
+        what = "write" if str(exc.filename) == jsonl else "create folder"
+        print(f"sglang-mmtrace demo: cannot {what} {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     info = sys.stderr if args.json else sys.stdout  # with --json, stdout carries only the JSON
-    print(f"starting SGLang on the CPU (tiny Qwen3-VL, plugin on); records -> {jsonl}", file=info, flush=True)
+    fd, log = tempfile.mkstemp(prefix="mmtrace-demo-sglang-", suffix=".log")  # kept: the start-up's details
+    os.close(fd)
+    print(f"starting SGLang on the CPU (tiny Qwen3-VL, plugin on); records -> {jsonl}", file=info)
+    print(f"SGLang's own log (every line; below, only its start-up phase): {log}", file=info, flush=True)
     try:
-        return _run(args, jsonl, info)
+        return _run(args, jsonl, log, info)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -170,24 +270,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"records: {jsonl}  (sglang-mmtrace report {jsonl})", file=info)
 
 
-def _run(args: argparse.Namespace, jsonl: str, info: Any) -> int:
+def _run(args: argparse.Namespace, jsonl: str, log: str, info: TextIO) -> int:
     from ..harness import CpuServer
 
-    def progress(seconds: float, log_tail: str) -> None:
-        said = [
-            ln.strip() for ln in log_tail.splitlines() if ln.strip() and not any(n in ln.lower() for n in LOG_NOISE)
-        ]
-        print(
-            f"  ... SGLang still starting ({seconds:.0f} s)" + (f": {said[-1][-110:]}" if said else ""),
-            file=info,
-            flush=True,
-        )
-
     flags = server_args(args.server_args)
-    with CpuServer(port=args.port, jsonl_path=jsonl, server_args=flags, launcher=True, progress=progress) as server:
+    progress = StartupProgress(info)
+    with CpuServer(
+        port=args.port, jsonl_path=jsonl, server_args=flags, log_path=log, launcher=True, progress=progress
+    ) as server:
         print(f"server healthy at {server.base_url} after {server.startup_seconds:.1f} s", file=info, flush=True)
-        assert server.log_path is not None  # chosen by start()
-        plugin_lines = PluginLines(server.log_path)
+        plugin_lines = PluginLines(log)
         plugin_lines.relay()
         try:
             if args.serve_only:
@@ -215,10 +307,11 @@ def _run(args: argparse.Namespace, jsonl: str, info: Any) -> int:
         covs = sorted(r["coverage"] for r in ours if r["status"] == "ok")
         if covs:
             print(f"coverage over {len(covs)} reference requests: min {covs[0]:.3f}, median {quantile(covs, 0.5):.3f}")
+        lines, named = findings(summary)
         print()
-        print(LEGEND)
+        print(legend(named))
         print()
         print("What this run found (medians):")
-        for line in findings(summary):
+        for line in lines:
             print("- " + line)
     return 0

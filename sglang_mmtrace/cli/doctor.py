@@ -24,7 +24,7 @@ from .. import config
 from ..environment_variables import VARIABLES, Variable
 from ..join.collector import JOINED_STAGES
 from ..manifest import load
-from ..manifest_check import MATRIX_BEGIN, check, installed_source, matrix, render_readme, stage_states
+from ..manifest_check import MATRIX_BEGIN, MATRIX_END, check, installed_source, matrix, render_readme, stage_states
 from ..package import SUPPORTED_VERSIONS, _instruments, in_supported_range, sglang_version
 from ..sinks import nvtx
 from ..stages import STAGES
@@ -95,17 +95,34 @@ def _targets(version: str) -> int:
 
 def _matrix(readme: str | None) -> int:
     """Print the support matrix (each supported release's manifest against its wheel); with ``readme``,
-    also write it into that file between its markers."""
+    also write it into that file between its markers.
+
+    The README is read, and its markers checked, before the matrix is built: building it downloads
+    wheels, and a mistyped path should cost one line, not that wait and a printed matrix."""
+    text = None
+    if readme:
+        try:
+            text = Path(readme).read_text(encoding="utf-8")
+        except OSError as exc:
+            return _fail(f"cannot read {readme}: {exc.strerror or exc}")
+        except UnicodeDecodeError:
+            return _fail(f"cannot read {readme}: not UTF-8 text")
+        if MATRIX_BEGIN not in text or MATRIX_END not in text:
+            return _fail(f"{readme} has no support-matrix markers ({MATRIX_BEGIN} ... {MATRIX_END})")
     table = matrix(SUPPORTED_VERSIONS)
     print(table)
-    if readme:
-        path = Path(readme)
-        text = path.read_text(encoding="utf-8")
-        if MATRIX_BEGIN not in text:
-            print(f"doctor: {readme} has no support-matrix markers", file=sys.stderr)
-            return 1
-        path.write_text(render_readme(text, table), encoding="utf-8")
+    if text is not None:
+        try:
+            Path(readme).write_text(render_readme(text, table), encoding="utf-8")
+        except OSError as exc:
+            return _fail(f"cannot write {readme}: {exc.strerror or exc}")
     return 0
+
+
+def _fail(message: str) -> int:
+    """A ``--matrix`` error: one line on stderr, exit status 1."""
+    print(f"doctor: {message}", file=sys.stderr)
+    return 1
 
 
 def _joined_ends(stage: str) -> str:

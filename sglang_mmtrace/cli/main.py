@@ -14,8 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import bench as bench_cli
+from . import demo as demo_cli
+from . import nsys as nsys_cli
+from . import report as report_cli
 
-def main(argv: list[str] | None = None) -> int:
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its options (apart from ``main`` so a test can read them without running one)."""
     parser = argparse.ArgumentParser(
         prog="sglang-mmtrace", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -29,15 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     doctor.add_argument("--readme", default=None, help="with --matrix: write the table into this README")
 
-    demo = sub.add_parser("demo", help="real SGLang on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed")
-    demo.add_argument("--serve-only", action="store_true", help="leave the server running until interrupted")
-    demo.add_argument("--port", type=int, default=0)
-    demo.add_argument("--jsonl", default=None, help="where the server writes records (default: a temp file)")
-    demo.add_argument("--rounds", type=int, default=5, help="rounds of the four reference requests")
-    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
-    demo.add_argument("server_args", nargs="*", help="SGLang server flags for the demo's server, after --")
-
-    from . import report as report_cli
+    demo_cli.add_arguments(
+        sub.add_parser("demo", help="real SGLang on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed")
+    )
 
     report = sub.add_parser(
         "report",
@@ -46,13 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     report_cli.add_arguments(report)
 
-    from . import nsys as nsys_cli
-
     nsys_cli.add_arguments(
         sub.add_parser("nsys", help="an Nsight Systems sqlite export: stage NVTX ranges and their GPU time vs records")
     )
-
-    from . import bench as bench_cli
 
     bench_cli.add_arguments(
         sub.add_parser(
@@ -60,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
 
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.cmd == "run":
         from ..launcher import run as launch
 
@@ -70,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run(args.matrix, args.readme)
     if args.cmd == "demo":
-        from .demo import run
-
-        return run(args)
+        return demo_cli.run(args)
     if args.cmd == "report":
         return report_cli.run(args)
     if args.cmd == "nsys":

@@ -336,7 +336,10 @@ class CpuServer:
                     f"sglang server exited with code {code} before becoming healthy; "
                     f"last log lines ({self.log_path}):\n{self.log_tail()}"
                 )
-            status = _http_status(self.port, "/health", timeout=HEALTH_PROBE_TIMEOUT_S)
+            try:
+                status: int | None = http_status(self.base_url, "/health", HEALTH_PROBE_TIMEOUT_S)
+            except (OSError, http.client.HTTPException):
+                status = None  # not listening yet
             if status == 200:
                 return
             now = time.monotonic()
@@ -370,16 +373,26 @@ def process_stacks(pids: Sequence[int], timeout: float = 30.0) -> str:
     return "stacks (py-spy dump):\n" + "".join(out)
 
 
-def _http_status(port: int, path: str, timeout: float) -> int | None:
-    """Status code of GET ``path`` on localhost, or None while nothing answers."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def _base_url_parts(base_url: str) -> tuple[str, int, str]:
+    """``http://host:port/prefix`` -> (host, port, path prefix without a trailing slash); ValueError otherwise."""
+    url = urlsplit(base_url)
+    if url.scheme != "http" or url.hostname is None:
+        raise ValueError(f"expected an http:// base URL, got {base_url!r}")
+    return url.hostname, url.port or 80, url.path.rstrip("/")
+
+
+def http_status(base_url: str, path: str, timeout: float) -> int:
+    """Status code of GET ``path`` under ``base_url`` (``http://host:port``, a path prefix kept).
+
+    Raises ``OSError`` (refused, timed out, no such host) or ``http.client.HTTPException`` (not HTTP)
+    when nothing answers, so a caller can say why; a server starting up answers, with 503."""
+    host, port, prefix = _base_url_parts(base_url)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("GET", path)
+        conn.request("GET", f"{prefix}{path}")
         resp = conn.getresponse()
         resp.read()
         return resp.status
-    except (OSError, http.client.HTTPException):
-        return None
     finally:
         conn.close()
 
@@ -438,15 +451,13 @@ def stream_chat(
     excluded), the last non-null ``usage`` (needs ``include_usage``), and the raw body so a test
     can assert on the exact wire format. ``extra`` adds body fields (``chat_request``), e.g. ``n=2``.
     """
-    url = urlsplit(base_url)
-    if url.scheme != "http" or url.hostname is None:
-        raise ValueError(f"expected an http:// base URL, got {base_url!r}")
+    host, port, prefix = _base_url_parts(base_url)
     body = json.dumps(chat_request(messages, max_tokens, **extra)).encode("utf-8")
-    conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request(
             "POST",
-            f"{url.path.rstrip('/')}/v1/chat/completions",
+            f"{prefix}/v1/chat/completions",
             body=body,
             headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
         )
@@ -480,6 +491,7 @@ __all__ = [
     "CpuServer",
     "chat_request",
     "free_port",
+    "http_status",
     "image_message",
     "session_pids",
     "startup_phase",
