@@ -37,7 +37,9 @@ def table(items: list[tuple[float, str, str]], wall: float | None, top: int) -> 
     ]
     for module, ph in sorted(per.items(), key=lambda kv: -sum(kv[1].values())):
         t = sum(ph.values())
-        out.append(f"| `{module}` | {ph['setup']:.1f} | {ph['call']:.1f} | {ph['teardown']:.1f} | {t:.1f} | {t / total:.1%} |")
+        out.append(
+            f"| `{module}` | {ph['setup']:.1f} | {ph['call']:.1f} | {ph['teardown']:.1f} | {t:.1f} | {t / total:.1%} |"
+        )
     out += ["", f"Slowest {top} items:", "", "| s | phase | test |", "|---:|---|---|"]
     out += [f"| {s:.1f} | {phase} | `{node}` |" for s, phase, node in sorted(items, reverse=True)[:top]]
     return "\n".join(out)

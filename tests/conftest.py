@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from record_checks import repeated_stage_problems
 from sglang_mmtrace.bench.records import RecordsTail
 from sglang_mmtrace.cli.demo import DEMO_SERVER_ARGS
 from sglang_mmtrace.harness import CpuServer, ensure_tiny_model
-from sglang_mmtrace.harness.server import startup_phase
+from sglang_mmtrace.harness.server import StartupPhase
 
 STATE_PATH = "/mmtrace/state"
 FIGURES_ENV = "MMTRACE_TEST_FIGURES"
@@ -41,7 +41,7 @@ class Heartbeat:
     """One daemon thread that prints the innermost running step, its elapsed time and its latest detail
     (e.g. a server's start-up phase) every ``PROGRESS_EVERY_S`` while that step lasts."""
 
-    def __init__(self, write: Any) -> None:
+    def __init__(self, write: Callable[[str], object]) -> None:
         self._write = write
         self._steps: list[list[Any]] = []  # [label, start, detail, next print]
         self._lock = threading.Lock()
@@ -81,9 +81,11 @@ _figures: list[Path] = []
 
 def pytest_configure(config: pytest.Config) -> None:
     global _heartbeat
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        _heartbeat = Heartbeat(lambda line: reporter.write_line(line, flush=True))
+    # While a fixture or test runs, pytest's capture points fd 1 at a temporary file; the heartbeat
+    # writes to the terminal's own descriptor, which the capture keeps (private, hence the fallback).
+    capturing = getattr(config.pluginmanager.getplugin("capturemanager"), "_global_capturing", None)
+    fd = getattr(getattr(capturing, "out", None), "targetfd_save", 1)
+    _heartbeat = Heartbeat(lambda line: os.write(fd, f"\n{line}\n".encode()))
 
 
 def _step(label: str) -> contextlib.AbstractContextManager[None]:
@@ -129,9 +131,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def _server_progress(name: str) -> Any:
     """A ``CpuServer`` progress callback that puts the start-up's phase into the heartbeat's line."""
 
+    phase = StartupPhase()
+
     def progress(seconds: float, log_tail: str) -> None:
         if _heartbeat is not None:
-            _heartbeat.detail(f"{name}: {startup_phase(log_tail)}")
+            _heartbeat.detail(f"{name}: {phase.update(log_tail)}")
 
     return progress
 

@@ -159,42 +159,22 @@ def run_reference(base_url: str, rounds: int) -> dict[str, str]:
     return kinds
 
 
-STARTUP_PHASES: tuple[tuple[str, str], ...] = (
-    ("", "importing SGLang"),
-    ("server_args=", "starting its scheduler and detokenizer processes"),
-    ("Init parallel begin.", "setting up the model runner"),
-    ("Load weight begin.", "loading the model weights"),
-    ("Load weight end.", "allocating the KV cache"),
-    (" graph begin.", "capturing the model's graphs"),
-    ("max_total_num_tokens=", "starting the HTTP server"),
-    ("Uvicorn running on", "warming up (SGLang's own first request runs through the model)"),
-    ("The server is fired up and ready to roll!", "ready"),
-)
-"""SGLang's start-up in order: the log line (a part of it) that begins a phase, and what the demo says.
-
-The lines are SGLang 0.5.23's own (launcher's ``server_args=``, ``Init parallel begin.``, the model
-runner's ``Load weight begin.``/``end.``, ``Capture ... graph begin.``, the scheduler's
-``max_total_num_tokens=``, uvicorn's ``Uvicorn running on``, ``The server is fired up ...`` after the
-warm-up request); a release that words them otherwise shows an earlier phase, never a wrong line."""
-
-
 class StartupProgress:
     """The demo's ``CpuServer(progress=...)``: one line per call saying which start-up phase SGLang is in.
 
-    It prints a phase's words (``STARTUP_PHASES``), never a log line: on a CPU the start-up log is
-    mostly import warnings that read as errors ("No CUDA runtime is found", "Cannot detect CUDA
+    It prints a phase's words (``harness.StartupPhase``), never a log line: on a CPU the start-up log
+    is mostly import warnings that read as errors ("No CUDA runtime is found", "Cannot detect CUDA
     architecture", the ``sglang serve`` example of a deprecation warning), and the full log is one
-    path away (the demo prints it when it starts). The phase is the furthest one seen in any call:
-    the log tail it gets is soon all GET /health probes, which push a phase's own line out of it."""
+    path away (the demo prints it when it starts)."""
 
     def __init__(self, out: TextIO) -> None:
+        from ..harness.server import StartupPhase
+
         self.out = out
-        self.phase = 0
+        self.phase = StartupPhase()
 
     def __call__(self, seconds: float, log_tail: str) -> None:
-        seen = [i for i, (mark, _) in enumerate(STARTUP_PHASES) if mark and mark in log_tail]
-        self.phase = max([self.phase, *seen])
-        print(f"  ... SGLang starting ({seconds:.0f} s): {STARTUP_PHASES[self.phase][1]}", file=self.out, flush=True)
+        print(f"  ... SGLang starting ({seconds:.0f} s): {self.phase.update(log_tail)}", file=self.out, flush=True)
 
 
 PLUGIN_MARK = "sglang-mmtrace:"

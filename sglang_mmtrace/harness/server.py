@@ -41,29 +41,38 @@ PROGRESS_S: float = 10.0
 
 
 STARTUP_PHASES: tuple[tuple[str, str], ...] = (
-    ("The server is fired up and ready to roll", "ready"),
-    ('"GET /health HTTP/1.1" 503', "warming up (SGLang's first request)"),
-    ("Uvicorn running on", "warming up (SGLang's first request)"),
-    ("KV Cache is allocated", "setting up the scheduler's caches"),
-    ("Load weight end", "allocating the KV cache"),
-    ("Load weight begin", "loading weights"),
-    ("Init parallel begin", "starting the scheduler"),
-    ("Using default HuggingFace chat template", "starting the scheduler process (importing SGLang)"),
-    ("server_args=", "loading the tokenizer and processor"),
+    ("", "importing SGLang"),
+    ("server_args=", "starting its scheduler and detokenizer processes"),
+    ("Init parallel begin.", "setting up the model runner"),
+    ("Load weight begin.", "loading the model weights"),
+    ("Load weight end.", "allocating the KV cache"),
+    (" graph begin.", "capturing the model's graphs"),
+    ("max_total_num_tokens=", "starting the HTTP server"),
+    ("Uvicorn running on", "warming up (SGLang's own first request runs through the model)"),
+    ("The server is fired up and ready to roll!", "ready"),
 )
-"""SGLang log markers, in the order a start-up passes them, and what each says SGLang is doing now."""
+"""SGLang's start-up in order: the log line (a part of it) that begins a phase, and what a progress line says.
+
+The lines are SGLang 0.5.23's own (launcher's ``server_args=``, ``Init parallel begin.``, the model
+runner's ``Load weight begin.``/``end.``, ``Capture ... graph begin.``, the scheduler's
+``max_total_num_tokens=``, uvicorn's ``Uvicorn running on``, ``The server is fired up ...`` after the
+warm-up request); a release that words them otherwise shows an earlier phase, never a wrong line."""
 
 
-def startup_phase(log_tail: str) -> str:
-    """What a starting server is doing, in a user's words, from the latest marker in its log's tail.
+class StartupPhase:
+    """Which start-up phase a server is in, from the tails of its log taken while it starts.
 
-    SGLang's start-up log is mostly warnings that read as errors on a CPU (no CUDA runtime, usage
-    examples); a progress line names the phase instead of repeating a raw line."""
-    for line in reversed(log_tail.splitlines()):
-        for marker, phase in STARTUP_PHASES:
-            if marker in line:
-                return phase
-    return "starting Python and importing SGLang"
+    The phase is the furthest one any tail showed: the tail is soon all GET /health probes, which
+    push a phase's own line out of it."""
+
+    def __init__(self) -> None:
+        self.index = 0
+
+    def update(self, log_tail: str) -> str:
+        """The phase's words after seeing ``log_tail``."""
+        seen = [i for i, (mark, _) in enumerate(STARTUP_PHASES) if mark and mark in log_tail]
+        self.index = max([self.index, *seen])
+        return STARTUP_PHASES[self.index][1]
 
 
 def free_port() -> int:
@@ -494,6 +503,6 @@ __all__ = [
     "http_status",
     "image_message",
     "session_pids",
-    "startup_phase",
+    "StartupPhase",
     "stream_chat",
 ]
