@@ -61,7 +61,7 @@ def test_findings_from_few_requests_say_they_may_be_noise():
 
 def test_legend_says_what_each_named_stage_measures_in_the_catalogues_words():
     text = demo.legend(["scheduler.overlap_wait", "model.vision_encoder"])
-    assert text.startswith(demo.LEGEND + "\nWhat the stages named below measure:\n")
+    assert text.startswith(demo.LEGEND + "\n\nWhat the stages named below measure:\n")
     assert text.splitlines()[-2:] == [
         f"  scheduler.overlap_wait  {STAGES['scheduler.overlap_wait'].covers}",
         f"  model.vision_encoder    {STAGES['model.vision_encoder'].covers}",

@@ -101,7 +101,7 @@ def legend(stages: list[str]) -> str:
     words (the findings name stages, the table lists them all; their meaning is not otherwise shown)."""
     width = max((len(s) for s in stages), default=0)
     meaning = [f"  {s:<{width}}  {STAGES[s].covers}" for s in stages]
-    return "\n".join([LEGEND, "What the stages named below measure:", *meaning] if stages else [LEGEND])
+    return "\n".join([LEGEND, "", "What the stages named below measure:", *meaning] if stages else [LEGEND])
 
 
 def _leaves(stages: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
