@@ -39,10 +39,11 @@ HEALTH_TIMEOUT_S = 600.0  # healthy after ~45 s alone on 2 cores; minutes when s
 
 class Heartbeat:
     """One daemon thread that prints the innermost running step, its elapsed time and its latest detail
-    (e.g. a server's start-up phase) every ``PROGRESS_EVERY_S`` while that step lasts."""
+    (e.g. a server's start-up phase) every ``every`` seconds while that step lasts."""
 
-    def __init__(self, write: Callable[[str], object]) -> None:
+    def __init__(self, write: Callable[[str], object], every: float = PROGRESS_EVERY_S) -> None:
         self._write = write
+        self._every = every
         self._steps: list[list[Any]] = []  # [label, start, detail, next print]
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="test-heartbeat", daemon=True).start()
@@ -51,7 +52,7 @@ class Heartbeat:
     def step(self, label: str) -> Iterator[None]:
         now = time.monotonic()
         with self._lock:
-            self._steps.append([label, now, "", now + PROGRESS_EVERY_S])
+            self._steps.append([label, now, "", now + self._every])
         try:
             yield
         finally:
@@ -65,13 +66,13 @@ class Heartbeat:
 
     def _run(self) -> None:
         while True:
-            time.sleep(1.0)
+            time.sleep(min(1.0, self._every / 4))
             now = time.monotonic()
             with self._lock:
                 if not self._steps or now < self._steps[-1][3]:
                     continue
                 label, start, detail, _ = self._steps[-1]
-                self._steps[-1][3] = now + PROGRESS_EVERY_S
+                self._steps[-1][3] = now + self._every
             self._write(f"  ... {label}: {now - start:.0f} s" + (f" ({detail})" if detail else ""))
 
 
