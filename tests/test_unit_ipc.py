@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -126,7 +127,8 @@ def test_an_api_process_that_exits_normally_removes_the_folder_its_killed_collec
 
 def test_the_next_start_removes_what_killed_servers_left_and_keeps_live_ones(tempdir: Path) -> None:
     """A server killed outright (collector and API process) leaves its folder; the next start removes
-    it and the loose socket files of earlier plugin versions whose pid is dead, and nothing else."""
+    it and the loose socket files of earlier plugin versions whose pid is dead, and nothing else: not
+    a folder whose socket still listens (a live server whose pid this namespace does not know)."""
     proc, started = _start_api("crash")
     os.kill(started["collector"], signal.SIGKILL)
     proc.kill()
@@ -140,12 +142,22 @@ def test_the_next_start_removes_what_killed_servers_left_and_keeps_live_ones(tem
     live_folder.mkdir()
     (live_folder / "events.ipc").touch()
     (tempdir / "sglang-mmtrace-records.jsonl").touch()  # not a socket's name: not ours to judge
-    new = ipc.new_folder()
+    # a server in another pid namespace (a shared temp folder): its pid looks dead, its socket listens
+    other_ns = tempdir / f"sglang-mmtrace-{dead}-ns_other"
+    other_ns.mkdir()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(other_ns / "admin.ipc"))
+    listener.listen()
+    try:
+        new = ipc.new_folder()
+    finally:
+        listener.close()
     assert sorted(p.name for p in tempdir.iterdir()) == sorted(
         [
             live_folder.name,
             f"sglang-mmtrace-{live}-events-0123abcd.ipc",
             "sglang-mmtrace-records.jsonl",
+            other_ns.name,
             os.path.basename(new),
         ]
     )

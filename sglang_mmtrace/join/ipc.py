@@ -12,7 +12,8 @@ piling up in the temp folder. Whoever may outlive the other removes it:
 
 The API process installs no signal handler: SGLang's event loop owns its SIGTERM. A server killed
 outright leaves its folder behind; the next start of a server of the same user removes the folders
-(and the loose files of earlier plugin versions) whose pid is no longer alive.
+(and the loose files of earlier plugin versions) whose pid is no longer alive and on whose sockets
+nothing listens.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import tempfile
 from typing import Any
 
@@ -99,7 +101,8 @@ def remove_on_sigterm(folder: str) -> None:
 
 def sweep() -> None:
     """Remove this user's socket folders and loose socket files in the temp folder whose process is
-    no longer alive: what a crashed or killed server left. A live server's are never touched."""
+    no longer alive and whose sockets nobody listens on: what a crashed or killed server left. A live
+    server's are never touched."""
     root = tempfile.gettempdir()
     try:
         entries = list(os.scandir(root))
@@ -109,7 +112,7 @@ def sweep() -> None:
     uid = os.getuid()
     for entry in entries:
         match = LEFT_BEHIND.fullmatch(entry.name)
-        if match is None or _alive(int(match[1])):
+        if match is None or _alive(int(match[1])) or _listening(entry.path):
             continue
         try:
             if entry.stat(follow_symlinks=False).st_uid != uid:
@@ -117,6 +120,21 @@ def sweep() -> None:
         except FileNotFoundError:
             continue
         remove(entry.path)
+
+
+def _listening(path: str) -> bool:
+    """Whether a socket file ``path``, or one in the folder ``path``, is bound by a live process: a pid
+    is only known in its own pid namespace, and a temp folder shared with another one (a container's
+    sidecar) holds live servers whose pids look dead from here."""
+    files = [os.path.join(path, f"{kind}.ipc") for kind in KINDS] if os.path.isdir(path) else [path]
+    for name in files:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            try:
+                sock.connect(name)
+            except OSError:
+                continue  # no such file, or nothing accepts on it any more
+            return True
+    return False
 
 
 def _alive(pid: int) -> bool:
