@@ -177,6 +177,8 @@ def start_server(
         )
         try:
             srv.start()
+            if _heartbeat is not None:  # the start-up's phase is over: say so, not its last phase
+                _heartbeat.detail(f"{name} up after {srv.startup_seconds:.0f} s")
             break
         except TimeoutError as exc:
             if attempt == attempts:
