@@ -188,6 +188,7 @@ def start_server(
         yield srv
     finally:
         srv.stop()
+        assert not srv.plugin_leftovers, f"{name}: the plugin left {srv.plugin_leftovers} in the server's temp folder"
 
 
 def capped_model_cache(root: Path, max_pixels: int, min_pixels: int | None = None) -> Path:

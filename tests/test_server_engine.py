@@ -33,6 +33,8 @@ def engine_run(tmp_path_factory):
             [sys.executable, "-m", "sglang_mmtrace.harness.engine", str(out), "--", *srv.server_flags()],
             env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900,
         )  # fmt: skip
+    srv.release_tmp()
+    assert not srv.plugin_leftovers, f"the plugin left {srv.plugin_leftovers} in the engine's temp folder"
     assert proc.returncode == 0 and out.exists(), f"engine driver failed; log {srv.log_path}:\n{srv.log_tail()}"
     return json.loads(out.read_text())["calls"], read_records(srv.jsonl_path), srv
 

@@ -167,6 +167,9 @@ class CpuServer:
         self.startup_seconds: float | None = None
         self.progress = progress  # called every PROGRESS_S while starting: (seconds, the log's last lines)
         self.launcher = launcher
+        self.tmp_dir: Path | None = None
+        self.plugin_leftovers: list[str] = []
+        """What the plugin left in ``tmp_dir`` when the server stopped (``sglang-mmtrace-*``): none is its promise."""
 
     # -- public API -------------------------------------------------------------------------
 
@@ -223,6 +226,9 @@ class CpuServer:
                 # sglang_mmtrace source as the test process (editable install or not).
                 "PYTHONPATH": _prepend_path(f"{SHIMS_DIR}{os.pathsep}{_PROJECT_ROOT}", env.get("PYTHONPATH")),
                 "PYTHONUNBUFFERED": "1",
+                # The server's own temporary folder, removed when it stops: SGLang names its ZMQ sockets
+                # with NamedTemporaryFile(delete=False) and leaves them, a handful per start.
+                "TMPDIR": str(self.tmp_dir),
                 # With --tokenizer-worker-num > 1 uvicorn kills a worker that misses its pings this long;
                 # importing SGLang on a busy 2-core machine can hold the GIL longer than the default 10 s.
                 "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT": "120",
@@ -246,6 +252,8 @@ class CpuServer:
         stub_dir = build_cuda_stub(self.cache_dir)
         if self.port == 0:
             self.port = free_port()
+        if self.tmp_dir is None:
+            self.tmp_dir = Path(tempfile.mkdtemp(prefix="sglang-cpu-tmp-"))
         if self._log_path_arg is None:
             fd, name = tempfile.mkstemp(prefix=f"sglang-cpu-{self.port}-", suffix=".log")
             os.close(fd)
@@ -286,6 +294,7 @@ class CpuServer:
         """
         proc = self.process
         if proc is None:
+            self.release_tmp()
             return
         sid = proc.pid
         half = self.stop_timeout / 2
@@ -299,9 +308,19 @@ class CpuServer:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
         self.process = None
+        self.release_tmp()
         leftover = session_pids(sid)
         if leftover:
             raise RuntimeError(f"server processes survived SIGKILL: {leftover}")
+
+    def release_tmp(self) -> None:
+        """Note what the plugin left in the server's temporary folder, then remove the folder (for a
+        caller that ran the server's processes itself, such as the offline Engine's driver)."""
+        if self.tmp_dir is None:
+            return
+        self.plugin_leftovers = sorted(p.name for p in self.tmp_dir.glob("sglang-mmtrace-*"))
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        self.tmp_dir = None
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """Last lines of the server log (launcher, scheduler and detokenizer share it)."""
