@@ -4,6 +4,8 @@ SGLang flags it passes to its server."""
 from __future__ import annotations
 
 import io
+import os
+import tempfile
 from typing import Any
 
 import pytest
@@ -159,3 +161,27 @@ def test_jsonl_that_cannot_be_written_is_one_line_before_any_server(tmp_path, mo
         assert main.main(["demo", "--jsonl", str(jsonl)]) == 1
         out, err = capsys.readouterr()
         assert out == "" and err == f"sglang-mmtrace demo: {message}\n"
+
+
+def test_sglang_log_is_removed_after_a_good_run_and_kept_otherwise(tmp_path, monkeypatch, capsys):
+    """The demo leaves no trace in the temporary folder after a run that ended well; a failed run
+    keeps SGLang's log (where the reason is), and --log PATH always keeps it."""
+    monkeypatch.setattr(demo, "_exit_on_sigterm", lambda: None)  # leave this process's SIGTERM alone
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    logs: list[str] = []
+
+    def fake_run(rc):
+        return lambda args, jsonl, log, info: logs.append(log) or rc
+
+    monkeypatch.setattr(demo, "_run", fake_run(0))
+    assert main.main(["demo"]) == 0
+    assert not os.path.exists(logs[-1]) and list(tmp_path.iterdir()) == []
+    assert "now removed: --log PATH keeps it" in capsys.readouterr().out
+    monkeypatch.setattr(demo, "_run", fake_run(1))
+    assert main.main(["demo"]) == 1
+    assert os.path.exists(logs[-1]) and f"SGLang's log: {logs[-1]}" in capsys.readouterr().out
+    kept = tmp_path / "kept" / "sglang.log"
+    kept.parent.mkdir()
+    kept.write_text("")
+    monkeypatch.setattr(demo, "_run", fake_run(0))
+    assert main.main(["demo", "--log", str(kept)]) == 0 and logs[-1] == str(kept) and kept.exists()

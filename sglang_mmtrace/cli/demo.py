@@ -38,6 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="where the server writes its records, kept after the run (default: a temporary file, removed)",
     )
     p.add_argument(
+        "--log",
+        default=None,
+        metavar="PATH",
+        help="where SGLang's own log goes, kept after the run (default: a temporary file, removed after a run "
+        "that ended well, kept when it did not)",
+    )
+    p.add_argument(
         "--rounds",
         type=_rounds,
         default=5,
@@ -236,18 +243,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"sglang-mmtrace demo: cannot {what} {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     info = sys.stderr if args.json else sys.stdout  # with --json, stdout carries only the JSON
-    fd, log = tempfile.mkstemp(prefix="mmtrace-demo-sglang-", suffix=".log")  # kept: the start-up's details
-    os.close(fd)
+    if args.log:
+        log = args.log
+    else:  # the start-up's details, for as long as they may be wanted: kept when the run fails
+        fd, log = tempfile.mkstemp(prefix="mmtrace-demo-sglang-", suffix=".log")
+        os.close(fd)
     print(f"starting SGLang on the CPU (tiny Qwen3-VL, plugin on); records -> {jsonl}", file=info)
     print(f"SGLang's own log (every line; below, only its start-up phase): {log}", file=info, flush=True)
+    rc = 1
     try:
-        return _run(args, jsonl, log, info)
+        rc = _run(args, jsonl, log, info)
+        return rc
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
             print("(the records were in a temporary folder, now removed: --jsonl PATH keeps them)", file=info)
         else:
             print(f"records: {jsonl}  (sglang-mmtrace report {jsonl})", file=info)
+        if args.log or rc != 0:
+            print(f"SGLang's log: {log}", file=info)
+        else:
+            os.unlink(log)
+            print("(SGLang's log was a temporary file, now removed: --log PATH keeps it)", file=info)
 
 
 def _run(args: argparse.Namespace, jsonl: str, log: str, info: TextIO) -> int:
