@@ -129,7 +129,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         )
 
 
-def _server_progress(name: str) -> Any:
+def _server_progress(name: str) -> Callable[[float, str], None]:
     """A ``CpuServer`` progress callback that puts the start-up's phase into the heartbeat's line."""
 
     phase = StartupPhase()

@@ -85,11 +85,11 @@ def _start_api(how: str) -> tuple[subprocess.Popen[str], dict]:
 def test_a_collector_that_ends_normally_removes_its_folder(tempdir: Path) -> None:
     """Its API process gone, the collector returns from its loop; the folder leaves with it."""
     folder = ipc.new_folder()
-    events, control, admin = ipc.addresses(folder)
+    _, _, admin = ipc.addresses(folder)
     parent = f"""
 import json, os, subprocess, sys
 from sglang_mmtrace.join.client import admin_request
-args = ["--events", {events!r}, "--control", {control!r}, "--admin", {admin!r}, "--ipc-dir", {folder!r}]
+args = ["--ipc-dir", {folder!r}]
 subprocess.Popen([sys.executable, "-c", {COLLECTOR_ALONE!r}, *args, "--parent", str(os.getpid())])
 admin_request({admin!r}, ("state",))
 print(json.dumps(os.listdir({folder!r})))

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..join import ipc
 from .random_model import default_cache_dir, ensure_tiny_model
 from .shims import CPU_SHIMS_ENV, SHIMS_DIR, build_cuda_stub
 
@@ -318,7 +319,7 @@ class CpuServer:
         caller that ran the server's processes itself, such as the offline Engine's driver)."""
         if self.tmp_dir is None:
             return
-        self.plugin_leftovers = sorted(p.name for p in self.tmp_dir.glob("sglang-mmtrace-*"))
+        self.plugin_leftovers = sorted(p.name for p in self.tmp_dir.glob(f"{ipc.PREFIX}*"))
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
         self.tmp_dir = None
 

@@ -51,8 +51,7 @@ class CollectorClient:
             self.process = subprocess.Popen(
                 [
                     sys.executable, "-m", "sglang_mmtrace.join.collector",
-                    "--events", self.address, "--control", self.control_address, "--admin", self.admin_address,
-                    "--sglang-version", sglang_version, "--parent", str(os.getpid()), "--ipc-dir", self.folder,
+                    "--ipc-dir", self.folder, "--sglang-version", sglang_version, "--parent", str(os.getpid()),
                 ],
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip

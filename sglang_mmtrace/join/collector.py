@@ -636,10 +636,9 @@ def _sinks(cfg: Config) -> list[Sink]:
 def main(argv: list[str] | None = None) -> None:
     """The collector process (started by ``client.CollectorClient``; configuration from the environment)."""
     p = argparse.ArgumentParser(prog="python -m sglang_mmtrace.join.collector")
-    p.add_argument("--events", required=True)
-    p.add_argument("--control", required=True)
-    p.add_argument("--admin", required=True)
-    p.add_argument("--ipc-dir", required=True, help="the sockets' folder, removed when this process ends")
+    p.add_argument(
+        "--ipc-dir", required=True, help="the sockets' folder (ipc.addresses), removed when this process ends"
+    )
     p.add_argument("--sglang-version", default="unknown")
     p.add_argument("--parent", type=int, required=True)
     args = p.parse_args(argv)
@@ -650,7 +649,7 @@ def main(argv: list[str] | None = None) -> None:
     from .. import config
 
     cfg = config.get()
-    collector = Collector(cfg, _sinks(cfg), args.sglang_version, (args.events, args.control, args.admin))
+    collector = Collector(cfg, _sinks(cfg), args.sglang_version, ipc.addresses(args.ipc_dir))
     collector.parent_pid = args.parent
     if os.getppid() != args.parent:
         return
