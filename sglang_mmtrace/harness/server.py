@@ -27,7 +27,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..join import ipc
-from .random_model import default_cache_dir, ensure_tiny_model
+from .families import ensure_family_model, families
+from .random_model import default_cache_dir
 from .shims import CPU_SHIMS_ENV, SHIMS_DIR, build_cuda_stub
 
 DEFAULT_HEALTH_TIMEOUT_S: float = 240.0
@@ -131,7 +132,7 @@ def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
 
 
 class CpuServer:
-    """A real ``sglang.launch_server`` on CPU serving the tiny Qwen3-VL, as a context manager.
+    """A real ``sglang.launch_server`` on CPU serving a tiny model of ``family`` (default Qwen3-VL), as a context manager.
 
     Use ``with CpuServer(...) as srv: stream_chat(srv.base_url, ...)``. ``plugin_enabled`` maps to
     ``SGLANG_MMTRACE=1/0`` and ``jsonl_path`` to ``SGLANG_MMTRACE_JSONL``; ``env`` is applied last,
@@ -152,7 +153,10 @@ class CpuServer:
         stop_timeout: float = 20.0,
         progress: Callable[[float, str], None] | None = None,
         launcher: bool = False,
+        family: str = "qwen3-vl",
     ) -> None:
+        self.family: str = family
+        """The tiny model's family (``harness.families``): what the server serves."""
         self.port: int = port
         self.extra_env: dict[str, str] = dict(env or {})
         self.server_args: list[str] = list(server_args)
@@ -207,6 +211,7 @@ class CpuServer:
             # Needed for usage.prompt_tokens_details.cached_tokens.
             "--enable-cache-report",
             "--enable-metrics",
+            *families()[self.family].server_args,
             *self.server_args,
         ]  # fmt: skip
 
@@ -249,7 +254,7 @@ class CpuServer:
     def prepare(self) -> dict[str, str]:
         """Build the model and the stub, pick the port and the log file; returns the child environment."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.model_path = ensure_tiny_model(self.cache_dir)
+        self.model_path = ensure_family_model(self.family, self.cache_dir)
         stub_dir = build_cuda_stub(self.cache_dir)
         if self.port == 0:
             self.port = free_port()

@@ -1,0 +1,99 @@
+"""Tiny random-weight checkpoints of the VLM families SGLang serves, one builder per family.
+
+Each family module defines ``FAMILY``: a ``Family`` whose ``build(out_dir, seed)`` writes a complete
+checkpoint offline (config, bf16 weights, tokenizer with the family's real special-token ids,
+processor with its real settings, chat template), small enough for the CPU server. ``ensure`` caches
+one build per family, seed and builder version, as ``random_model.ensure_tiny_model`` does for
+Qwen3-VL (which is the family ``qwen3-vl`` here).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..random_model import MARKER_NAME, _locked, default_cache_dir, ensure_tiny_model
+
+
+@dataclass(frozen=True)
+class Family:
+    """One VLM family as the harness builds and serves it."""
+
+    name: str
+    """The family's short name (``qwen2.5-vl``): the tests' parameter, ``doctor``'s model column."""
+    architecture: str
+    """The checkpoint's ``architectures[0]``: the SGLang model class that serves it."""
+    builder_version: str
+    """Bumped when the build output changes, so cached builds are rebuilt."""
+    build: Callable[[Path, int], None]
+    """Writes the checkpoint into an empty folder (deterministic for a seed; offline)."""
+    modalities: tuple[str, ...] = ("image",)
+    """What the family's SGLang processor accepts on the CPU server (``image``, ``video``, ``audio``)."""
+    server_args: tuple[str, ...] = ()
+    """Extra SGLang flags the family needs on the CPU server."""
+    notes: str = ""
+    """What differs from the published checkpoints (sizes aside), for the README's family table."""
+    image_tokens: dict[int, int] = field(default_factory=dict)
+    """Image side (px, square) -> visual tokens, as the family's processor expands it (tests check it)."""
+
+
+MODULES: tuple[str, ...] = ()
+"""The family modules of this package, in the order the README lists them."""
+
+
+def families() -> dict[str, Family]:
+    """Every family the harness can build, by name (Qwen3-VL first)."""
+    out: dict[str, Family] = {}
+    for mod in ("qwen3_vl", *MODULES):
+        fam: Family = importlib.import_module(f"{__name__}.{mod}").FAMILY
+        out[fam.name] = fam
+    return out
+
+
+def _marker(fam: Family, seed: int) -> str:
+    return f"{fam.builder_version} seed={seed}"
+
+
+def is_complete(model_dir: Path, fam: Family, seed: int = 0) -> bool:
+    """True when ``model_dir`` holds a finished build of this family, builder version and seed."""
+    try:
+        return (Path(model_dir) / MARKER_NAME).read_text(encoding="utf-8").strip() == _marker(fam, seed)
+    except OSError:
+        return False
+
+
+def ensure_family_model(name: str, cache_dir: Path | None = None, seed: int = 0) -> Path:
+    """A finished build of family ``name`` in the cache, built first if needed.
+
+    The build goes to a temporary sibling and is renamed into place, so readers never see a
+    partial model; a lock makes parallel test workers build it once.
+    """
+    if name == "qwen3-vl":  # its own builder's cache entry, shared with the GPU scripts' shapes
+        return ensure_tiny_model(cache_dir, seed)
+    fam = families()[name]
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = f"tiny-{name.replace('.', '')}-seed{seed}"
+    final = cache / folder
+    if is_complete(final, fam, seed):
+        return final
+    with _locked(cache / f".{folder}.lock"):
+        if is_complete(final, fam, seed):
+            return final
+        for stale in cache.glob(f"{folder}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{folder}.tmp-", dir=cache))
+        try:
+            fam.build(tmp, seed)
+            (tmp / MARKER_NAME).write_text(_marker(fam, seed) + "\n", encoding="utf-8")
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
