@@ -25,7 +25,9 @@ def measured_by() -> dict[str, str]:
     """stage -> the hooks that measure it on the primary version, as ``module`` wraps ``Class.method``."""
     wraps: dict[str, dict[str, list[str]]] = {}  # stage -> hook module (process/name) -> wrapped functions
     for entry in load(PRIMARY_VERSION).hooks:
-        function = ".".join(entry.target.split(".")[-2:])
+        # a method of the class SGLang builds at run time: the served model's or its processor's
+        late = f"<{entry.applies_to}>.{entry.target}" if entry.applies_to else None
+        function = late or ".".join(entry.target.split(".")[-2:])
         for stage in entry.stages:
             wraps.setdefault(stage, {}).setdefault(
                 f"{PROCESS_OF[entry.hook_id]}/{MODULE_OF[entry.hook_id]}", []

@@ -19,6 +19,11 @@ class HookEntry:
     process: str
     stages: tuple[str, ...]
     required: bool = True
+    applies_to: str | None = None
+    """``processor`` or ``model``: ``target`` is then a method name, hooked on the class SGLang builds at
+    run time (its multimodal processor, the model it loads), not a dotted path. Every model overrides
+    these methods (``process_mm_data_async``, ``get_image_feature``) without calling a shared base, so
+    the override of the served class is the one generic seam (``plugin.apply_late``)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,15 @@ def _parse(version: str, path: str | None = None) -> tuple[tuple[HookEntry, ...]
         text = resources.files("sglang_mmtrace.patches").joinpath(f"sglang-{version}.toml").read_text()
     data = tomllib.loads(text)
     hooks = tuple(
-        HookEntry(hook_id, h["target"], h["kind"], h["process"], tuple(h.get("stages", ())), h.get("required", True))
+        HookEntry(
+            hook_id,
+            h["target"],
+            h["kind"],
+            h["process"],
+            tuple(h.get("stages", ())),
+            h.get("required", True),
+            h.get("applies_to"),
+        )
         for hook_id, h in data["hooks"].items()
     )
     return hooks, dict(data.get("absent", {}))

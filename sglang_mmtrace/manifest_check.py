@@ -50,6 +50,10 @@ class Source(Protocol):
 
     def read(self, rel: str) -> str | None: ...
 
+    def files(self, folder: str) -> list[str]:
+        """The ``.py`` files directly in ``folder`` (relative, as ``read`` takes them), sorted."""
+        ...
+
 
 class WheelSource:
     def __init__(self, wheel: Path) -> None:
@@ -58,7 +62,13 @@ class WheelSource:
         self.version = wheel.name.split("-")[1]
 
     def read(self, rel: str) -> str | None:
-        return self.zip.read(rel).decode("utf-8") if rel in self.names else None
+        return self.zip.read(rel).decode("utf-8-sig") if rel in self.names else None
+
+    def files(self, folder: str) -> list[str]:
+        prefix = folder.rstrip("/") + "/"
+        return sorted(
+            n for n in self.names if n.startswith(prefix) and n.endswith(".py") and "/" not in n[len(prefix) :]
+        )
 
 
 class DirSource:
@@ -68,7 +78,10 @@ class DirSource:
 
     def read(self, rel: str) -> str | None:
         path = self.root / rel
-        return path.read_text(encoding="utf-8") if path.is_file() else None
+        return path.read_text(encoding="utf-8-sig") if path.is_file() else None
+
+    def files(self, folder: str) -> list[str]:
+        return sorted(str(p.relative_to(self.root)) for p in (self.root / folder).glob("*.py"))
 
 
 def installed_source(version: str) -> DirSource | None:
@@ -297,7 +310,46 @@ class HookCheck:
         return self.why is None
 
 
+LATE_FOLDERS: dict[str, str] = {
+    "processor": "sglang/srt/multimodal/processors",
+    "model": "sglang/srt/models",
+}
+"""Where the classes of a manifest entry's ``applies_to`` live: SGLang's processors, its models."""
+
+
+def definers(tree: Tree, applies_to: str, method: str) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """``module.Class`` -> its own definition of ``method``, for every class in ``applies_to``'s folder."""
+    out: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for rel in tree.source.files(LATE_FOLDERS[applies_to]):
+        if f"def {method}(" not in (tree.source.read(rel) or ""):
+            continue  # most files: no need to parse them
+        module = rel[: -len(".py")].replace("/", ".")
+        parsed = tree.module(module)
+        if parsed is None:
+            continue
+        for node in parsed[1].body:
+            if isinstance(node, ast.ClassDef):
+                fn = _find(node.body, method)
+                if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                    out[f"{module}.{node.name}"] = fn
+    return out
+
+
+def _check_late(tree: Tree, entry: HookEntry) -> HookCheck:
+    """An ``applies_to`` entry: some class of its folder defines the method, and every definition has
+    the manifest's kind (the one SGLang builds at run time is checked again when it is hooked)."""
+    assert entry.applies_to is not None
+    defs = definers(tree, entry.applies_to, entry.target)
+    if not defs:
+        return HookCheck(entry, f"no class in {LATE_FOLDERS[entry.applies_to]} defines {entry.target}", "")
+    wrong = sorted(name for name, fn in defs.items() if _kind(fn) != entry.kind)
+    why = f"kind is not {entry.kind} in {', '.join(wrong)}" if wrong else None
+    return HookCheck(entry, why, f"{LATE_FOLDERS[entry.applies_to]}/ ({len(defs)} classes)")
+
+
 def check_entry(tree: Tree, entry: HookEntry, reads: Iterable[Read] = ()) -> HookCheck:
+    if entry.applies_to is not None:
+        return _check_late(tree, entry)
     found = tree.find(entry.target)
     if isinstance(found, str):
         return HookCheck(entry, found, "")

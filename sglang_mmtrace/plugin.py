@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from . import config, runtime, switch, telemetry
@@ -224,6 +225,11 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
             continue
         if spec.nvtx_only and nvtx.domain is None:
             continue  # a range only, and no tool to see it
+        if entry.applies_to is not None:
+            part = registry.PART_OF[entry.hook_id]
+            enabled = switch.gate(part).enabled if part is not None else None
+            runtime.late.setdefault(entry.applies_to, []).append((entry, spec.make(entry.kind), enabled))
+            continue
         res, why = check(entry)
         if why is not None:
             runtime.missing.append((entry.hook_id, entry.target, why))
@@ -242,6 +248,33 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
         except Exception as exc:
             runtime.missing.append((entry.hook_id, entry.target, f"apply failed: {exc!r}"))
             telemetry.warn("hook %s -> %s failed to apply: %r", entry.hook_id, entry.target, exc)
+
+
+def apply_late(applies_to: str, cls: type) -> None:
+    """Hook the manifest's ``applies_to`` entries onto ``cls`` (the processor SGLang built, the model it
+    loaded): each on the class of ``cls``'s MRO that defines the method, once. A class that lacks the
+    method (a model with no ``get_video_feature``) is noted in ``runtime.missing``: the stages of that
+    entry are unobserved for this model, and ``doctor`` says so."""
+    for entry, wrapper, enabled in runtime.late.get(applies_to, ()):
+        owner = next((c for c in cls.__mro__ if entry.target in c.__dict__), None)
+        target = f"{cls.__module__}.{cls.__qualname__}.{entry.target}"
+        if owner is None or getattr(owner.__dict__[entry.target], "__isabstractmethod__", False):
+            runtime.missing.append((entry.hook_id, target, f"{cls.__qualname__} has no {entry.target}"))
+            continue
+        target = f"{owner.__module__}.{owner.__qualname__}.{entry.target}"
+        if any(a.target == target for a in runtime.applied):
+            continue
+        res, why = check(replace(entry, target=target))
+        if why is not None:
+            runtime.missing.append((entry.hook_id, target, why))
+            telemetry.warn("hook %s -> %s not applied: %s", entry.hook_id, target, why)
+            continue
+        applied = apply(entry.hook_id, target, wrapper, enabled)
+        runtime.applied.append(applied)
+        follow(applied, runtime.applied)  # out again at once while its part is switched off
+
+
+runtime.apply_late = apply_late
 
 
 _COLLECTOR_ENV = (
@@ -268,6 +301,7 @@ def uninstall() -> None:
         undo()
     runtime.applied.clear()
     runtime.uninstallers.clear()
+    runtime.late.clear()
     runtime.missing.clear()
     from .hooks import cuda_marks
 

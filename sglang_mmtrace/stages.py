@@ -23,6 +23,10 @@ class Stage:
     per_image: bool = False
     batch: bool = False
     extra: bool = False
+    expected: str | None = None
+    """When a record must have this stage, else it lists it as ``unobserved``: ``media`` (the request
+    carried images, video or audio), ``media_new`` (and some item missed the preprocessing cache),
+    ``encoder`` (and its embeddings were neither a cache hit nor in the radix prefix)."""
 
     @property
     def group(self) -> str:
@@ -50,8 +54,21 @@ _CATALOGUE: tuple[Stage, ...] = (
     Stage(
         "tokenize", API, "TokenizerManager tokenization of the text (and, for VLMs, the processor)", parent="request"
     ),
-    Stage("mm.process", API, "the multimodal processor as a whole (process_mm_data_async)", parent="tokenize"),
-    Stage("mm.load", API, "per image: fetch or base64-decode, content hash", parent="mm.process", per_image=True),
+    Stage(
+        "mm.process",
+        API,
+        "the multimodal processor as a whole (process_mm_data_async)",
+        parent="tokenize",
+        expected="media",
+    ),
+    Stage(
+        "mm.load",
+        API,
+        "per image: fetch or base64-decode, content hash",
+        parent="mm.process",
+        per_image=True,
+        expected="media",
+    ),
     Stage(
         "mm.preprocess_cache",
         API,
@@ -59,7 +76,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         parent="mm.process",
         per_image=True,
     ),
-    Stage("mm.decode", API, "per image: PNG/JPEG decode", parent="mm.process", per_image=True),
+    Stage("mm.decode", API, "per image: PNG/JPEG decode", parent="mm.process", per_image=True, expected="media_new"),
     Stage(
         "mm.resize_normalize",
         API,
@@ -67,8 +84,15 @@ _CATALOGUE: tuple[Stage, ...] = (
         parent="mm.process",
         gpu_timed=True,
         per_image=True,
+        expected="media_new",
     ),
-    Stage("mm.expand", API, "placeholder expansion into visual positions, M-RoPE positions", parent="mm.process"),
+    Stage(
+        "mm.expand",
+        API,
+        "placeholder expansion into visual positions, M-RoPE positions",
+        parent="mm.process",
+        expected="media",
+    ),
     Stage(
         "transport.prepare",
         API,
@@ -106,10 +130,11 @@ _CATALOGUE: tuple[Stage, ...] = (
     Stage(
         "model.vision_encoder",
         SCHEDULER,
-        "vision encoder forward (GPU-timed)",
+        "vision encoder forward (GPU-timed); attr modality (image, video)",
         parent="model.forward",
         gpu_timed=True,
         batch=True,
+        expected="encoder",
     ),
     Stage(
         "model.embed",
@@ -155,6 +180,17 @@ _CATALOGUE: tuple[Stage, ...] = (
 STAGES: dict[str, Stage] = {s.name: s for s in _CATALOGUE}
 ROOT = "request"
 ORDER: dict[str, int] = {s.name: i for i, s in enumerate(_CATALOGUE)}
+
+
+def unobserved(present: set[str], media: int, preprocess: str, embedding: str | None) -> list[str]:
+    """The stages a finished request should have had and did not get (``Stage.expected``), in catalogue
+    order: ``media`` items in the request, the record's preprocessing and embedding-cache outcomes."""
+    when = {
+        "media": media > 0,
+        "media_new": media > 0 and preprocess != "hit",
+        "encoder": media > 0 and embedding != "hit",
+    }
+    return [s.name for s in _CATALOGUE if s.expected is not None and when[s.expected] and s.name not in present]
 
 
 def contract_stage_names() -> list[str]:

@@ -32,7 +32,7 @@ import torch
 
 from sglang_mmtrace import config, runtime, telemetry
 from sglang_mmtrace.hooks import base, cuda_marks
-from sglang_mmtrace.hooks.api import mm_processor_legacy as mpl
+from sglang_mmtrace.hooks.api import mm_processor_generic as mpl
 from sglang_mmtrace.hooks.scheduler import batch_result, mm_embedding, mm_embedding_legacy, model_runner, scheduler
 from sglang_mmtrace.hooks.scheduler import state as ss
 from sglang_mmtrace.join.collector import Collector
@@ -216,10 +216,10 @@ def hook(hook_id: str, kind: str = "sync") -> Callable[..., Any]:
     return mpl.HOOKS[hook_id].make(kind)
 
 
-RESIZE = "mm_processor_legacy.resize_normalize"
-IPC = "mm_processor_legacy.cuda_ipc"
-COMBINE = "mm_processor_legacy.combine"
-REQUEST = "mm_processor_legacy.request"
+RESIZE = "mm_processor_generic.resize_normalize"
+IPC = "mm_processor_generic.cuda_ipc"
+COMBINE = "mm_processor_generic.combine"
+REQUEST = "mm_processor_generic.request"
 
 
 def processor(gpu_id: int = 0) -> SimpleNamespace:
@@ -1099,7 +1099,14 @@ def test_batch_gpu_stages_are_cuda_timed_and_reported_on_each_request(
             assert attrs["batch_size"] == 3, stage
     vit = outbox.one("model.vision_encoder")
     assert vit[0] == ("A", "B")
-    assert vit[5] == {"batch_size": 3, "images": 2, "requests": 2, "embedding_cache": "miss", "skipped": False}
+    assert vit[5] == {
+        "batch_size": 3,
+        "images": 2,
+        "requests": 2,
+        "modality": "image",
+        "embedding_cache": "miss",
+        "skipped": False,
+    }
     embeds = sorted(e for e in outbox.sent if e[1] == "model.embed")
     assert [e[0] for e in embeds] == ["A", "B"] and all(e[5]["embedding_cache"] == "miss" for e in embeds)
     prefill, sample = outbox.one("model.prefill"), outbox.one("model.sample")

@@ -103,7 +103,7 @@ def test_argument_reads_are_checked_against_the_signature(sources):
     too_far = mc.check_entry(tree, dispatch, ((7, None),))
     assert too_far.why is not None and "reads argument 7" in too_far.why
     # a classmethod's cls is not a position (0.5.17's _load_single_item(cls, data, modality, ...))
-    load_decode = _entry("0.5.17", "mm_processor_legacy.load_decode")
+    load_decode = _entry("0.5.17", "mm_processor_generic.load_decode")
     assert READS_OF[load_decode.hook_id] == ((1, "modality"),)
     assert mc.check_entry(mc.Tree(sources["0.5.17"]), load_decode, READS_OF[load_decode.hook_id]).ok
     # a module-level function has no self to skip (wrap_shm_features(obj, ...))
@@ -165,6 +165,13 @@ def test_doctor_checks_the_installed_sglang(capsys):
     assert "MISSING" not in out and out.rstrip().endswith("stages lost on this SGLang: none")
 
 
+SERVED = {
+    "processor": "sglang.srt.multimodal.processors.qwen_vl.QwenVLImageProcessor",
+    "model": "sglang.srt.models.qwen3_vl.Qwen3VLForConditionalGeneration",
+}
+"""The classes SGLang builds for the harness's Qwen3-VL: where the applies_to entries are hooked."""
+
+
 def test_the_static_check_agrees_with_the_runtime_resolution_on_the_installed_sglang():
     # The plugin's own resolution (imports SGLang) and the static check (parses it) on the same
     # installed release: the same targets, every one resolved both ways, the same kinds.
@@ -173,8 +180,16 @@ def test_the_static_check_agrees_with_the_runtime_resolution_on_the_installed_sg
     version = sglang_version()
     manifest = load(version)
     static = mc.check(manifest, mc.installed_source(version))
-    runtime = [runtime_check(e)[1] for e in manifest.hooks]
+    # an applies_to entry is hooked on the class SGLang builds: here, the harness's Qwen3-VL's
+    runtime = [
+        runtime_check(replace(e, target=f"{SERVED[e.applies_to]}.{e.target}") if e.applies_to else e)[1]
+        for e in manifest.hooks
+    ]
     assert [r.ok for r in static] == [why is None for why in runtime] == [True] * len(manifest.hooks)
+    tree = mc.Tree(mc.installed_source(version))
+    for e in manifest.hooks:
+        if e.applies_to:
+            assert SERVED[e.applies_to] in mc.definers(tree, e.applies_to, e.target), e.hook_id
     drifted = replace(_entry(version, "tokenizer_manager.tokenize"), kind="sync")  # it is async
     assert runtime_check(drifted)[1] == mc.check_entry(mc.Tree(mc.installed_source(version)), drifted).why
 

@@ -8,7 +8,7 @@ from .api import (
     engine,
     http_server,
     mm_processor,
-    mm_processor_legacy,
+    mm_processor_generic,
     openai_serving,
     tokenizer_manager,
     transport,
@@ -44,6 +44,7 @@ for _module in (
     engine,
     tokenizer_manager,
     mm_processor,
+    mm_processor_generic,
     transport,
     cuda_ipc_pool,
     scheduler,
@@ -53,8 +54,7 @@ for _module in (
     batch_result,
     embedding_cache,
     detokenizer,
-    # SGLang 0.5.17 (legacy multimodal path, embed_mm_inputs split, detokenizer bootstrap)
-    mm_processor_legacy,
+    # SGLang 0.5.17-0.5.21 (embed_mm_inputs split, detokenizer bootstrap)
     mm_embedding_legacy,
     detokenizer_legacy,
 ):

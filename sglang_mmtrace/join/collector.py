@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from .. import switch, telemetry
 from ..config import Config
-from ..stages import API, ROOT
+from ..stages import API, ROOT, unobserved
 from . import ipc
 from .context import ApiTrace, HttpCtx, from_wire
 from .record import EmitContext, StageEvent, coverage, merge_chunks, stage_dicts
@@ -524,7 +524,7 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     vit = [e for e in remote if e.name == "model.vision_encoder" and not e.attrs.get("skipped")]
     emb_states = {e.attrs.get("embedding_cache") for e in remote if e.name in ("model.embed", "model.vision_encoder")}
     emb_states.discard(None)
-    embedding = "miss" if (vit or "miss" in emb_states) else ("hit" if "hit" in emb_states else "off")
+    embedding = _embedding_outcome(bool(vit), emb_states)
     preprocess = ("miss" if "miss" in trace.preprocess else "hit") if trace.preprocess else "off"
     return {
         "rid": trace.rid,
@@ -545,9 +545,23 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
         "stages": stages,
         "attributed_s": round(attributed, 9),
         "coverage": round(cov, 6),
+        "unobserved": unobserved({s["name"] for s in stages}, trace.media, preprocess, embedding)
+        if status == "ok" and ttft is not None
+        else [],
         **({"warmup": True} if trace.warmup else {}),
         **({"content": trace.content} if trace.content is not None else {}),
     }
+
+
+def _embedding_outcome(encoded: bool, states: set[Any]) -> str | None:
+    """The record's ``cache.embedding``: ``miss`` when the encoder ran for the request, ``hit`` when it was
+    embedded and the encoder, whose every call is seen, did not run for it; None when neither was
+    observed (the encoder's hook is not on this model): never a hit without evidence."""
+    if encoded or "miss" in states:
+        return "miss"
+    if "hit" in states:
+        return "hit"
+    return None if "unobserved" in states else "off"
 
 
 def _ended(trace: ApiTrace) -> float | None:

@@ -1,4 +1,7 @@
-"""Multimodal processor (api process): load, preprocess-cache lookup, decode, resize, expand.
+"""Multimodal processor, Qwen-VL's media-artifact pipeline (api process; 0.5.20+): load,
+preprocess-cache lookup, decode, resize, expand. The other families, and Qwen-VL without its
+artifact cache, take the base processor's path (``mm_processor_generic``); the processor's set-up
+hook here serves both.
 
 Per-image work runs on SGLang's ``sglang-mm-io`` threads, where contextvars do not follow by
 themselves: the processor's executors are made to submit under a copy of the caller's context.
@@ -12,6 +15,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from ... import runtime
 from ...join.context import ApiTrace, current_trace
 from ..base import HookSpec, arg, interval
 
@@ -50,21 +54,18 @@ def _propagating(executor: Any) -> None:
 
 
 def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """The processor SGLang built: its executors carry the caller's context, and its class's
+    ``process_mm_data_async`` (each family overrides it) gets the request-scope hook."""
     if exc is not None:
         return
     _propagating(getattr(instance, "io_executor", None))
     mpe = getattr(instance, "mm_processor_executor", None)
     _propagating(getattr(mpe, "_executor", None))
+    runtime.apply_late("processor", type(instance))
 
 
 def _trace() -> ApiTrace | None:
     return current_trace.get()
-
-
-def _process_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
-    trace = _trace()
-    if trace is not None and arg(args, kwargs, 0, "image_data"):
-        trace.add("mm.process", t0, t1)
 
 
 def _load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -106,7 +107,7 @@ def _decode_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 def image_size(media: Any) -> tuple[int, int] | None:
     """(width, height) of a decoded image: a PIL image, or a CHW tensor from a GPU (nvJPEG) decode.
 
-    Shared with ``mm_processor_legacy``: both SGLang paths decode to the same kinds of object."""
+    Shared with ``mm_processor_generic``: both SGLang paths decode to the same kinds of object."""
     size = getattr(media, "size", None)
     if isinstance(size, tuple) and len(size) == 2:
         return int(size[0]), int(size[1])
@@ -161,7 +162,6 @@ PART = "mm"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
     "mm_processor.init": replace(interval("mm_processor.init", _init_exit), gated=False),
-    "mm_processor.process": interval("mm_processor.process", _process_exit, nvtx=_nv("mm.process")),
     "mm_processor.load": interval("mm_processor.load", _load_exit, nvtx=_nv("mm.load")),
     "mm_processor.preprocess_cache": interval(
         "mm_processor.preprocess_cache", _cache_exit, nvtx=_nv("mm.preprocess_cache")
@@ -175,7 +175,6 @@ HOOKS: dict[str, HookSpec] = {
 
 # the arguments each hook reads from its target (registry.READS_OF)
 READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
-    "mm_processor.process": ((0, "image_data"),),
     "mm_processor.decode": ((0, "snapshot"),),
     "mm_processor.resize_normalize": ((0, "entries"),),
     "mm_processor.expand": ((1, "artifacts"),),

@@ -82,9 +82,17 @@ def _sglang_traceparent(stats: Any) -> str | None:
 def _tokenize_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     """Make the request's trace current while SGLang tokenizes it, so hooks deeper in the call (the
     multimodal processor) find it."""
-    rid = getattr(arg(args, kwargs, 0, "obj"), "rid", None)
+    obj = arg(args, kwargs, 0, "obj")
+    rid = getattr(obj, "rid", None)
     trace = LIVE.get(rid) if isinstance(rid, str) else None
+    if trace is not None:
+        trace.media = sum(_count(getattr(obj, f, None)) for f in ("image_data", "video_data", "audio_data"))
     return trace, current_trace.set(trace)
+
+
+def _count(data: Any) -> int:
+    """Items in one of a request's media fields (a list, a single item, or None)."""
+    return len(data) if isinstance(data, list) else int(data is not None)
 
 
 def _tokenize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:

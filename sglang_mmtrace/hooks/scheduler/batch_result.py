@@ -50,7 +50,7 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
     base = {"batch_size": batch_size}
     miss_rids: dict[str, int] = {}
     vit_end = None
-    for m0, m1, hashes in ctx.vit:
+    for m0, m1, hashes, modality in ctx.vit:
         owners: dict[str, int] = {}
         for h in hashes:
             for rid in ctx.hash_to_rids.get(h, ()):
@@ -66,7 +66,14 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
                 t0,
                 t1,
                 name,
-                {**base, "images": len(hashes), "requests": len(owners), "embedding_cache": "miss", "skipped": False},
+                {
+                    **base,
+                    "images": len(hashes),
+                    "requests": len(owners),
+                    "modality": modality,
+                    "embedding_cache": "miss",
+                    "skipped": False,
+                },
             )
     _emit_skipped_encoder(ctx, base)
     embed_end = None
@@ -74,8 +81,10 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
         e0, e1 = clock.host(ctx.embed[0]), clock.host(ctx.embed[1])
         embed_end = e1
         start = vit_end if vit_end is not None and e0 <= vit_end <= e1 else e0
+        hooked = ss.encoder_hooked()
         for rid in ctx.needs_embed:
-            cache = "miss" if rid in miss_rids else "hit"
+            # no encoder call for its items is a cache hit only where every encoder call is seen
+            cache = "miss" if rid in miss_rids else "hit" if hooked else "unobserved"
             ss.emit(rid, "model.embed", start, e1, name, {**base, "embedding_cache": cache})
     if ctx.fwd is not None:
         f0, f1 = clock.host(ctx.fwd[0]), clock.host(ctx.fwd[1])

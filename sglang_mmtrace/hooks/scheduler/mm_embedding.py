@@ -1,9 +1,13 @@
 """Multimodal embedding in the model (scheduler process): vision encoder calls and injection.
 
 ``prepare_mm_inputs`` is the whole multimodal part of a prefill forward (embedding-cache lookups,
-vision encoder for the misses, scatter into the LM input embeddings); ``get_image_feature`` is
-called with exactly the items that missed the embedding cache. Which requests a forward embeds, and
-which owns which item, was read from the batch at the forward's launch (``schedule_batch.scan_images``).
+vision encoder for the misses, scatter into the LM input embeddings). The encoder is the embedder
+that ``embed_mm_inputs`` resolves per modality, ``get_image_feature`` / ``get_video_feature`` of the
+served model's class: every VLM defines its own, with no shared base, so these hooks are applied to
+the model's class once ``ModelRunner.load_model`` has loaded it (``model_runner.load_model``,
+``plugin.apply_late``). An embedder is called with exactly the items that missed the embedding
+cache. Which requests a forward embeds, and which owns which item, was read from the batch at the
+forward's launch (``schedule_batch.scan_images``).
 """
 
 from __future__ import annotations
@@ -34,20 +38,26 @@ def _vit_owners(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
 
 def _store_vit(ctx: ss.FwdCtx, m0: Any, m1: Any, args: tuple, kwargs: dict) -> None:
     items = arg(args, kwargs, 0, "items") or ()
-    ctx.vit.append((m0, m1, [getattr(it, "hash", None) for it in items]))
+    modality = getattr(getattr(items[0], "modality", None), "name", "IMAGE").lower() if items else "image"
+    ctx.vit.append((m0, m1, [getattr(it, "hash", None) for it in items], modality))
 
 
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
     "mm_embedding.prepare": marked("mm_embedding.prepare", "embed", "model.embed", needs_embed),
-    # every encoder call of the forward (one per batch of missed items), not only the first
+    # every encoder call of the forward (one per batch of missed items), not only the first; the
+    # item's modality is an attribute (some models embed video with get_image_feature)
     "mm_embedding.vision_encoder": around_forward(
         "mm_embedding.vision_encoder", "model.vision_encoder", _vit_owners, _store_vit
+    ),
+    "mm_embedding.video_encoder": around_forward(
+        "mm_embedding.video_encoder", "model.vision_encoder", _vit_owners, _store_vit
     ),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)
 READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
     "mm_embedding.vision_encoder": ((0, "items"),),
+    "mm_embedding.video_encoder": ((0, "items"),),
 }

@@ -1,4 +1,5 @@
-"""ModelRunner (scheduler process): the LM forward and first-token sampling of a prefill batch.
+"""ModelRunner (scheduler process): the LM forward and first-token sampling of a prefill batch, and
+the model's encoders hooked once it is loaded (``model_runner.load_model``).
 
 Marks are CUDA events on the current stream when the model runs on a GPU, host times otherwise;
 they are read when the batch result is processed (see ``batch_result``).
@@ -7,8 +8,10 @@ they are read when the batch result is processed (see ``batch_result``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from ... import runtime
 from ...sinks import nvtx
 from ..base import HookSpec, guarded, interval, push_batch_range
 from . import state as ss
@@ -81,9 +84,17 @@ def around_forward(
     return interval(component, leave, enter, entered_only=True)
 
 
+def _loaded(st, t0, t1, instance, args, kwargs, result: Any, exc: BaseException | None) -> None:
+    model = getattr(instance, "model", None)
+    if exc is None and model is not None:
+        runtime.apply_late("model", type(model))
+
+
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
+    # set-up, never gated: hooks the loaded model's encoders (the manifest's applies_to = "model")
+    "model_runner.load_model": replace(interval("model_runner.load_model", _loaded), gated=False),
     "model_runner.forward": marked("model_runner.forward", "fwd", "model.prefill", start=ss.Clock.start),
     "model_runner.sample": marked("model_runner.sample", "sample", "model.sample", start=ss.Clock.after_forward),
 }

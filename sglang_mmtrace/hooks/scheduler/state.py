@@ -188,7 +188,7 @@ class FwdCtx:
         self.sample: tuple[Any, Any] | None = None
         self.t_sample_end: float | None = None  # host time; sampling may run after run_batch (overlap)
         self.embed: tuple[Any, Any] | None = None
-        self.vit: list[tuple[Any, Any, list[int]]] = []
+        self.vit: list[tuple[Any, Any, list[int], str]] = []  # (start, end mark, item hashes, modality)
         self.needs_embed: dict[str, int] = {}  # rid -> images overlapping this extend
         self.hash_to_rids: dict[int, list[str]] = {}
 
@@ -207,3 +207,13 @@ def emit(rids: Any, stage: str, t0: float, t1: float, clock: str = "host", attrs
     box = runtime.outbox
     if box is not None and _ship.on:
         box.add(rids, stage, t0, t1, clock, attrs)
+
+
+ENCODER_HOOKS: tuple[str, ...] = ("mm_embedding.vision_encoder",)
+"""The hook that sees every encoder call of the served model (applied late, on its class)."""
+
+
+def encoder_hooked() -> bool:
+    """Whether this process sees the served model's image encoder calls: only then does an embedded
+    request with no encoder call have its embeddings from the cache (else it is unobserved)."""
+    return any(a.hook_id in ENCODER_HOOKS for a in runtime.applied)

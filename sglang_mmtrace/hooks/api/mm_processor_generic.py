@@ -1,14 +1,17 @@
-"""Multimodal processor, legacy path (api process; SGLang 0.5.17): load, decode, HF processor, expand.
+"""Multimodal processor, the base processor's generic path (api process; every release): load,
+decode, HF processor, expand.
 
-0.5.17 has no media-artifact pipeline and no preprocess cache. Qwen-VL requests go:
+Every family's processor overrides ``process_mm_data_async``, and most of them then go through the
+base class's ``load_mm_data`` and ``process_and_combine_mm_data`` (so does Qwen-VL without its
+artifact cache, and every Qwen-VL request on 0.5.17, which has no artifact pipeline):
 
-    EL    QwenVLImageProcessor.process_mm_data_async
+    EL    <Family>Processor.process_mm_data_async   (hooked on the class SGLang built)
     IO      _load_single_item (classmethod)     -> load_image -> _load_image -> get_image_bytes, PIL/nvJPEG
     PROC    process_and_combine_mm_data          (MultimodalProcessorExecutor thread)
     PROC      process_mm_data                    the HF processor: tokenize, expand, resize, normalize
     PROC      offsets + per-image split
     PROC      _wrap_tensor_for_cuda_ipc          per GPU feature (cuda_ipc transport)
-    EL      tail: padded ids, M-RoPE positions
+    EL      tail: the family's own (padded ids, M-RoPE positions for Qwen-VL)
 
 IO and PROC threads get the caller's context through the executors wrapped by ``mm_processor.init``.
 A request's state lives in ``_MmReq``, held by a context variable that the IO/PROC context copies
@@ -22,8 +25,8 @@ when the fast processor runs on the GPU, ending where its GPU work does: a CUDA 
 ``mm.expand`` (once per request: the padded ids and M-RoPE positions on EL; the offsets and
 per-image split before it on PROC are its ``split_s`` attribute, their time inside ``mm.process``,
 because the ``cuda_ipc`` copies come between the two parts) and ``transport.prepare``
-(``cuda_ipc``: the pool slice copies, host-timed or marked the same way). The TM computes no
-content hash on 0.5.17 (the scheduler hashes pixels), so ``images[].content_hash`` is empty.
+(``cuda_ipc``: the pool slice copies, host-timed or marked the same way). On this path the TM
+computes no content hash (the scheduler hashes pixels), so ``images[].content_hash`` is empty.
 
 Why the API's marks are not the default: on the H200 they cost an image request ~0.2 ms of TTFT on
 the PROC thread, its critical path (the marks' own time and SGLang's processor slowed behind them),
@@ -94,7 +97,7 @@ def _nv(stage: str, detail: Any = _traced_rid) -> tuple[str, Any]:
     return (stage, detail)
 
 
-# -- request scope: QwenVLImageProcessor.process_mm_data_async --------------------------------
+# -- request scope: <Family>Processor.process_mm_data_async --------------------------------
 
 
 def _request_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -226,7 +229,7 @@ def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
                 "height": size[1],
                 "visual_tokens": tokens,
                 "bytes": known[0] if known else 0,
-                "content_hash": "",  # 0.5.17 hashes pixels in the scheduler; the TM has no identity
+                "content_hash": "",  # the scheduler hashes pixels on this path; the TM has no identity
             }
         )
     trace.images = images
@@ -288,30 +291,30 @@ def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
 PART = "mm"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    # also files mm.process (0.5.23's mm_processor.process: the same target, one wrapper instead of two)
-    "mm_processor_legacy.request": interval(
-        "mm_processor_legacy.request", _request_exit, _request_enter, nvtx=_nv("mm.process")
+    # also files mm.process
+    "mm_processor_generic.request": interval(
+        "mm_processor_generic.request", _request_exit, _request_enter, nvtx=_nv("mm.process")
     ),
-    "mm_processor_legacy.load_decode": interval(
-        "mm_processor_legacy.load_decode", _load_exit, _load_enter, nvtx=_nv("mm.decode")
+    "mm_processor_generic.load_decode": interval(
+        "mm_processor_generic.load_decode", _load_exit, _load_enter, nvtx=_nv("mm.decode")
     ),
-    "mm_processor_legacy.fetch": interval("mm_processor_legacy.fetch", _fetch_exit, nvtx=_nv("mm.load", _fetch_rid)),
-    "mm_processor_legacy.combine": interval("mm_processor_legacy.combine", _combine_exit, _combine_enter),
-    "mm_processor_legacy.combine_async": interval("mm_processor_legacy.combine_async", _combine_async_exit),
+    "mm_processor_generic.fetch": interval("mm_processor_generic.fetch", _fetch_exit, nvtx=_nv("mm.load", _fetch_rid)),
+    "mm_processor_generic.combine": interval("mm_processor_generic.combine", _combine_exit, _combine_enter),
+    "mm_processor_generic.combine_async": interval("mm_processor_generic.combine_async", _combine_async_exit),
     # CUDA events bracket these calls: the enter step records the first, the exit step the second
-    "mm_processor_legacy.resize_normalize": interval(
-        "mm_processor_legacy.resize_normalize", _resize_done, _resize_start, nvtx=_nv("mm.resize_normalize")
+    "mm_processor_generic.resize_normalize": interval(
+        "mm_processor_generic.resize_normalize", _resize_done, _resize_start, nvtx=_nv("mm.resize_normalize")
     ),
-    "mm_processor_legacy.cuda_ipc": interval(
-        "mm_processor_legacy.cuda_ipc", _ipc_done, _ipc_start, nvtx=_nv("transport.prepare", _ipc_rid)
+    "mm_processor_generic.cuda_ipc": interval(
+        "mm_processor_generic.cuda_ipc", _ipc_done, _ipc_start, nvtx=_nv("transport.prepare", _ipc_rid)
     ),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)
 READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
-    "mm_processor_legacy.request": ((0, "image_data"),),
-    "mm_processor_legacy.load_decode": ((1, "modality"),),
-    "mm_processor_legacy.combine": ((0, "base_output"),),
-    "mm_processor_legacy.resize_normalize": ((1, "images"),),
-    "mm_processor_legacy.cuda_ipc": ((0, "tensor"),),
+    "mm_processor_generic.request": ((0, "image_data"),),
+    "mm_processor_generic.load_decode": ((1, "modality"),),
+    "mm_processor_generic.combine": ((0, "base_output"),),
+    "mm_processor_generic.resize_normalize": ((1, "images"),),
+    "mm_processor_generic.cuda_ipc": ((0, "tensor"),),
 }
