@@ -152,12 +152,13 @@ def start_server(
     launcher: bool = False,
     health_timeout: float = HEALTH_TIMEOUT_S,
     attempts: int = 1,
+    family: str = "qwen3-vl",
 ) -> Iterator[CpuServer]:
     """A real CPU server with its records and log in a fresh temp folder ``name``; stopped on exit.
 
     Every real-server fixture goes through here, so they differ only in what they pass
     (``cache_dir``: where the model is, e.g. :func:`capped_model_cache`; default the shared one;
-    ``launcher``: under ``sglang-mmtrace run``). ``attempts`` > 1: a start-up that is not healthy in
+    ``launcher``: under ``sglang-mmtrace run``; ``family``: the tiny model's, ``harness.families``). ``attempts`` > 1: a start-up that is not healthy in
     ``health_timeout`` is stopped and started again, its report (log tail, stacks) kept as a warning
     in the run's summary; for a fixture whose subject is not the start-up itself.
     """
@@ -172,6 +173,7 @@ def start_server(
             plugin_enabled=plugin_enabled,
             cache_dir=cache_dir,
             launcher=launcher,
+            family=family,
             # SGLang's timeout for fetching image URLs (default 3 s) is too short on a shared 2-core machine.
             env={"REQUEST_TIMEOUT": "60", **(env or {})},
         )
