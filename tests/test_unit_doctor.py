@@ -255,6 +255,7 @@ def test_matrix_readme_that_cannot_be_used_is_one_line_before_any_matrix(tmp_pat
     and exit 1, before the matrix is built (that downloads wheels) or printed; a good one is rewritten."""
     built: list[object] = []
     monkeypatch.setattr(doctor, "matrix", lambda versions: built.append(versions) or "| stage |\n|---|")
+    monkeypatch.setattr(doctor, "family_matrix", lambda version: "| stage (families) |")
     plain, binary = tmp_path / "plain.md", tmp_path / "binary.md"
     plain.write_text("# no markers here\n")
     binary.write_bytes(b"\xff\xfe\x00 not text")
@@ -273,4 +274,4 @@ def test_matrix_readme_that_cannot_be_used_is_one_line_before_any_matrix(tmp_pat
     readme.write_text(f"head\n{MATRIX_BEGIN}\nold table\n{MATRIX_END}\ntail\n")
     assert main.main(["doctor", "--matrix", "--readme", str(readme)]) == 0
     assert readme.read_text() == f"head\n{MATRIX_BEGIN}\n| stage |\n|---|\n{MATRIX_END}\ntail\n"
-    assert capsys.readouterr().out == "| stage |\n|---|\n" and len(built) == 1
+    assert capsys.readouterr().out == "| stage |\n|---|\n\n| stage (families) |\n" and len(built) == 1

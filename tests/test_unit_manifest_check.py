@@ -19,6 +19,7 @@ from sglang_mmtrace import manifest_check as mc
 from sglang_mmtrace.cli import doctor
 from sglang_mmtrace.hooks.registry import HOOKS, MODULE_OF, PROCESS_OF, READS_OF
 from sglang_mmtrace.manifest import HookEntry, load
+from sglang_mmtrace.package import PRIMARY_VERSION as PRIMARY
 from sglang_mmtrace.package import SUPPORTED_VERSIONS, sglang_version
 from sglang_mmtrace.stages import STAGES
 
@@ -52,9 +53,10 @@ def test_readme_support_matrix_is_generated_from_the_wheels(tmp_path, capsys):
     copy = tmp_path / "README.md"
     copy.write_text(README.read_text())
     assert doctor.run(show_matrix=True, readme=str(copy)) == 0
-    table = capsys.readouterr().out.strip()
+    table, families = capsys.readouterr().out.strip().split("\n\n| stage (SGLang ", 1)
     assert copy.read_text() == README.read_text(), "run: sglang-mmtrace doctor --matrix --readme README.md"
     assert f"{mc.MATRIX_BEGIN}\n{table}\n{mc.MATRIX_END}" in README.read_text()
+    assert f"{mc.FAMILY_BEGIN}\n| stage (SGLang {families}\n{mc.FAMILY_END}" in README.read_text()
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == list(STAGES)
     assert all(row.count("|") == len(SUPPORTED_VERSIONS) + 2 for row in rows)
@@ -197,3 +199,12 @@ def test_the_static_check_agrees_with_the_runtime_resolution_on_the_installed_sg
 def test_a_wheel_that_cannot_be_had_fails_with_the_reason(tmp_path):
     with pytest.raises(mc.WheelUnavailable, match=r"sglang==0\.0\.0: no wheel in .* failed"):
         mc.wheel("0.0.0", tmp_path)
+
+
+def test_family_stages_are_read_from_the_source_and_a_lost_one_says_why():
+    tree = mc.Tree(mc.WheelSource(mc.wheel(PRIMARY)))
+    ok = mc.family_stages(tree, "Qwen2_5_VLForConditionalGeneration")
+    assert ok == dict.fromkeys([*mc.FAMILY_STAGES, "model.vision_encoder"], ("ok", ""))
+    lost = mc.family_stages(tree, "NoSuchVLForConditionalGeneration")
+    assert {state for state, _ in lost.values()} == {"LOST"}
+    assert "no processor" in lost["mm.load"][1] and "no model class" in lost["model.vision_encoder"][1]

@@ -488,6 +488,16 @@ def dashboard() -> dict[str, Any]:
     )
     lay.add(
         panel(
+            "Unobserved stages/s by stage",
+            [(f"sum by (stage) ({rate('unobserved_stages_total')})", "{{stage}}")],
+            "Stages a finished request should have had (its images, its encoder) that the plugin did not see:"
+            " the model takes a path no hook covers. Their time is inside the enclosing stage; the records'"
+            " unobserved list and sglang-mmtrace doctor name them.",
+            unit="reqps",
+        )
+    )
+    lay.add(
+        panel(
             "Dropped records/spans/events per second by sink",
             [(f"sum by (sink) ({rate('dropped_total', SEL_INSTANCE)})", "{{sink}}")],
             "Data dropped under back-pressure (e.g. spans when the OTLP collector is slow or absent).",

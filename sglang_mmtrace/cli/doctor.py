@@ -4,7 +4,9 @@ The targets are checked in the installed SGLang's source, without importing it, 
 on every supported release (``manifest_check``: each target resolves, its kind matches, the arguments
 its hook reads are in its signature), so a user of a release without a manifest of its own learns
 which stages are lost before serving. ``--matrix`` prints that check for every supported release
-(from their wheels) as the README's support matrix.
+(from their wheels) as the README's support matrix, and the multimodal stages of every family the
+harness builds (model x stage, on the primary release). ``--model-path`` names the multimodal stages
+that the model in that folder (its ``config.json``'s architecture) would lose on this SGLang.
 
 Exits non-zero, with one line per reason at the end, when a required target of a supported version
 is missing or a configured exporter could not deliver: the OTLP exporter for the configured
@@ -13,6 +15,7 @@ protocol does not load, or its endpoint does not accept a connection. Starts no 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -24,8 +27,21 @@ from .. import config
 from ..environment_variables import VARIABLES, Variable
 from ..join.collector import JOINED_STAGES
 from ..manifest import load
-from ..manifest_check import MATRIX_BEGIN, MATRIX_END, check, installed_source, matrix, render_readme, stage_states
-from ..package import SUPPORTED_VERSIONS, _instruments, in_supported_range, sglang_version
+from ..manifest_check import (
+    FAMILY_BEGIN,
+    FAMILY_END,
+    MATRIX_BEGIN,
+    MATRIX_END,
+    Tree,
+    check,
+    family_matrix,
+    family_stages,
+    installed_source,
+    matrix,
+    render_readme,
+    stage_states,
+)
+from ..package import PRIMARY_VERSION, SUPPORTED_VERSIONS, _instruments, in_supported_range, sglang_version
 from ..sinks import nvtx
 from ..stages import STAGES
 
@@ -38,7 +54,7 @@ GAP_STAGES = {
 """Stages a hook measures as the gap between two points rather than as the wrapped call itself."""
 
 
-def run(show_matrix: bool = False, readme: str | None = None) -> int:
+def run(show_matrix: bool = False, readme: str | None = None, model_path: str | None = None) -> int:
     if show_matrix or readme:
         return _matrix(readme)
     version = sglang_version()
@@ -46,6 +62,9 @@ def run(show_matrix: bool = False, readme: str | None = None) -> int:
         print("SGLang: not installed")
         return 1
     missing = _targets(version)
+    if model_path is not None and (problem := _model(version, model_path)):
+        print(f"doctor: {problem}", file=sys.stderr)
+        return 1
     cfg = config.get()
     problems = _sinks(cfg)
     _configuration()
@@ -93,6 +112,24 @@ def _targets(version: str) -> int:
     return missing
 
 
+def _model(version: str, model_path: str) -> str | None:
+    """Print the multimodal stages the model at ``model_path`` would lose here; a problem, or None."""
+    try:
+        arch = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))["architectures"][0]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        return f"cannot read the architecture from {model_path}/config.json: {exc}"
+    source = installed_source(version)
+    if source is None:
+        return "SGLang's source files: not found"
+    states = family_stages(Tree(source), arch)
+    print(f"model {arch} ({model_path})")
+    for stage, (state, why) in states.items():
+        print(f"    {stage}: {state}{f' ({why})' if why else ''}")
+    lost = [stage for stage, (state, _) in states.items() if state != "ok"]
+    print(f"stages this model loses: {', '.join(lost) or 'none'}")
+    return None
+
+
 def _matrix(readme: str | None) -> int:
     """Print the support matrix (each supported release's manifest against its wheel); with ``readme``,
     also write it into that file between its markers.
@@ -111,9 +148,15 @@ def _matrix(readme: str | None) -> int:
             return _fail(f"{readme} has no support-matrix markers ({MATRIX_BEGIN} ... {MATRIX_END})")
     table = matrix(SUPPORTED_VERSIONS)
     print(table)
+    families = family_matrix(PRIMARY_VERSION)
+    print()
+    print(families)
     if text is not None:
+        text = render_readme(text, table)
+        if FAMILY_BEGIN in text and FAMILY_END in text:
+            text = render_readme(text, families, FAMILY_BEGIN, FAMILY_END)
         try:
-            Path(readme).write_text(render_readme(text, table), encoding="utf-8")
+            Path(readme).write_text(text, encoding="utf-8")
         except OSError as exc:
             return _fail(f"cannot write {readme}: {exc.strerror or exc}")
     return 0

@@ -31,9 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("command", nargs=argparse.REMAINDER, help="the server's command line, after --")
     doctor = sub.add_parser("doctor", help="SGLang version, stage -> target -> resolved?, live sinks")
     doctor.add_argument(
-        "--matrix", action="store_true", help="every supported release x stage, checked in its wheel (downloads)"
+        "--matrix",
+        action="store_true",
+        help="every supported release x stage, checked in its wheel (downloads), and every harness family x"
+        " its multimodal stages",
     )
-    doctor.add_argument("--readme", default=None, help="with --matrix: write the table into this README")
+    doctor.add_argument("--readme", default=None, help="with --matrix: write the tables into this README")
+    doctor.add_argument(
+        "--model-path",
+        default=None,
+        help="also name the multimodal stages the model in this folder (its config.json) would lose here"
+        " (default: none)",
+    )
 
     demo_cli.add_arguments(
         sub.add_parser("demo", help="real SGLang on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed")
@@ -68,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "doctor":
         from .doctor import run
 
-        return run(args.matrix, args.readme)
+        return run(args.matrix, args.readme, args.model_path)
     if args.cmd == "demo":
         return demo_cli.run(args)
     if args.cmd == "report":

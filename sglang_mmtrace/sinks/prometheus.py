@@ -57,6 +57,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "visual_tokens": ("histogram", ("model",), "Visual tokens per image"),
     "transport_bytes_total": ("counter", ("mode",), "Feature bytes handed to the scheduler"),
     "requests_total": ("counter", ("model", "status"), "Finished requests"),
+    "unobserved_stages_total": (
+        "counter",
+        ("model", "stage"),
+        "Stages a finished request should have had and the plugin did not observe (the record's unobserved)",
+    ),
     "errors_total": ("counter", ("component",), "Plugin hook or sink failures that were contained"),
     "dropped_total": ("counter", ("sink",), "Records, spans or events dropped under back-pressure"),
     "cache_used_bytes": ("gauge", ("cache", "pid"), "Bytes held by the embedding or preprocessing cache"),
@@ -137,6 +142,8 @@ class PrometheusSink:
             self.genai[name].labels(*(attrs.get(a, "") for a in genai.ATTRIBUTES)).observe(value)
         m, model = self.m, rec.get("model") or ""
         m["requests_total"].labels(model, rec["status"]).inc()
+        for stage in rec.get("unobserved") or ():
+            m["unobserved_stages_total"].labels(model, stage).inc()
         ttft = rec.get("ttft_s")
         # Only the trace id: set by the OTLP sink (which runs first) or taken from the request's traceparent.
         exemplar = {"trace_id": rec["trace_id"]} if rec.get("trace_id") else None
