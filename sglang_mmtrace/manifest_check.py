@@ -690,6 +690,8 @@ def family_matrix(version: str, cache: Path | None = None) -> str:
     tree = Tree(WheelSource(wheel(version, cache)))
     fams = families()
     states = {name: family_stages(tree, fam.architecture) for name, fam in fams.items()}
+    for name, fam in fams.items():  # what the CPU server measured overrides the source's reading
+        states[name].update({stage: ("LOST", why) for stage, why in fam.lost.items()})
     stages = [*FAMILY_STAGES, "model.vision_encoder"]
     lines = [f"| stage (SGLang {version}) | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
     notes: list[str] = []

@@ -10,6 +10,7 @@ import inspect
 import logging
 import os
 import sys
+import types
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -250,7 +251,20 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
             telemetry.warn("hook %s -> %s failed to apply: %r", entry.hook_id, entry.target, exc)
 
 
-def apply_late(applies_to: str, cls: type) -> None:
+def _rebind_captured(instance: Any, original: Any, hooked: Any) -> None:
+    """Point the bound methods of ``original`` that ``instance`` captured before it was hooked (a model
+    that keeps ``{Modality.IMAGE: self.get_image_feature}`` from its ``__init__``, e.g. InternVL) at
+    ``hooked``: one level deep, in its attributes and the dicts it holds. Else the encoder runs unseen."""
+    for name, value in list(vars(instance).items()):
+        holders = [(vars(instance), name, value)]
+        if isinstance(value, dict):
+            holders = [(value, k, v) for k, v in list(value.items())]
+        for holder, key, bound in holders:
+            if getattr(bound, "__func__", None) is original and getattr(bound, "__self__", None) is instance:
+                holder[key] = types.MethodType(hooked, instance)
+
+
+def apply_late(applies_to: str, cls: type, instance: Any = None) -> None:
     """Hook the manifest's ``applies_to`` entries onto ``cls`` (the processor SGLang built, the model it
     loaded): each on the class of ``cls``'s MRO that defines the method, once. A class that lacks the
     method (a model with no ``get_video_feature``) is noted in ``runtime.missing``: the stages of that
@@ -271,6 +285,8 @@ def apply_late(applies_to: str, cls: type) -> None:
             continue
         applied = apply(entry.hook_id, target, wrapper, enabled)
         runtime.applied.append(applied)
+        if instance is not None:
+            _rebind_captured(instance, applied.resolved.original, applied.hooked)
         follow(applied, runtime.applied)  # out again at once while its part is switched off
 
 

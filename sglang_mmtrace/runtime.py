@@ -21,10 +21,10 @@ late: dict[str, list] = {}
 (entry, wrapper, gate's enabled list) each (``plugin._apply_hooks``)."""
 
 
-def _not_installed(applies_to: str, cls: type) -> None:
+def _not_installed(applies_to: str, cls: type, instance: object = None) -> None:
     """``apply_late`` before ``plugin`` is imported: nothing to apply."""
 
 
-apply_late: Callable[[str, type], None] = _not_installed
+apply_late: Callable[..., None] = _not_installed
 """Set by ``plugin``: hooks ``late[applies_to]`` onto ``cls``. Set-up hooks call it when SGLang has
 built its processor or loaded its model (hooks do not import ``plugin``: it imports them)."""

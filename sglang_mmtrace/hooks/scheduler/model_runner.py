@@ -87,7 +87,7 @@ def around_forward(
 def _loaded(st, t0, t1, instance, args, kwargs, result: Any, exc: BaseException | None) -> None:
     model = getattr(instance, "model", None)
     if exc is None and model is not None:
-        runtime.apply_late("model", type(model))
+        runtime.apply_late("model", type(model), model)
 
 
 PART = "scheduler"  # the switch part that gates these hooks
