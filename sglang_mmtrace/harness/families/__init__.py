@@ -42,7 +42,7 @@ class Family:
     """Image side (px, square) -> visual tokens, as the family's processor expands it (tests check it)."""
 
 
-MODULES: tuple[str, ...] = ()
+MODULES: tuple[str, ...] = ("gemma3", "llava", "llava_onevision")
 """The family modules of this package, in the order the README lists them."""
 
 
