@@ -45,7 +45,7 @@ class Family:
     """Image side (px, square) -> visual tokens, as the family's processor expands it (tests check it)."""
 
 
-MODULES: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "internvl", "mistral3", "glm4v")
+MODULES: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "internvl", "mistral3", "glm4v", "gemma3")
 """The family modules of this package, in the order the README lists them."""
 
 
