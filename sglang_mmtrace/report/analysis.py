@@ -235,6 +235,16 @@ def cache_ratios(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return out
 
 
+def unobserved_counts(records: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """stage -> how many records list it as ``unobserved`` (expected, not seen: its time is inside the
+    enclosing stage), in catalogue order."""
+    counts: dict[str, int] = defaultdict(int)
+    for rec in records:
+        for stage in rec.get("unobserved") or ():
+            counts[stage] += 1
+    return dict(sorted(counts.items(), key=lambda kv: DISPLAY_ORDER.get(kv[0], 999)))
+
+
 def quantile(values: Iterable[float], q: float) -> float:
     """The ``q`` quantile (0..1) with linear interpolation between order statistics; NaN for no values.
 
@@ -346,6 +356,7 @@ def summarize(
             "coverage_p50": statistics.median(covs),
             "unattributed_p50": quantile(unattributed, 0.5),
             "cache": cache_ratios(recs),
+            "unobserved": unobserved_counts(recs),
             "occupancy": occupancy_summary(all_recs),
             "stages": {
                 s: {
@@ -382,6 +393,9 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
             lines.append(
                 "   " + format_cache_line(g["cache"]) + f"; unattributed p50 {g['unattributed_p50'] * 1e3:.2f} ms"
             )
+        if g.get("unobserved"):
+            counts = ", ".join(f"{stage} ({n} of {g['n']})" for stage, n in g["unobserved"].items())
+            lines.append(f"   UNOBSERVED (expected, not seen; their time is inside the enclosing stage): {counts}")
         lines += format_occupancy(g.get("occupancy") or {})
         lines.append(f"   {'stage':<34}{'p50 ms':>10}{'p95 ms':>10}{'share':>8}{'n':>5}")
         for stage, s in g["stages"].items():

@@ -1,3 +1,7 @@
+"""Unobserved stages and honest cache outcomes: what a record says about what the plugin did not see (issue 39)."""
+
+from __future__ import annotations
+
 def test_unobserved_lists_what_a_media_request_should_have_had():
     from sglang_mmtrace.stages import unobserved
 
@@ -22,3 +26,22 @@ def test_the_embedding_outcome_is_never_a_hit_without_evidence():
     assert _embedding_outcome(False, {"hit"}) == "hit"
     assert _embedding_outcome(False, {"unobserved"}) is None
     assert _embedding_outcome(False, set()) == "off"
+
+
+def test_report_says_which_stages_were_unobserved():
+    from sglang_mmtrace.report.analysis import format_table, summarize
+
+    rec = {
+        "status": "ok",
+        "ttft_s": 0.1,
+        "coverage": 1.0,
+        "images": [{"visual_tokens": 4}],
+        "cache": {"preprocess": "off", "embedding": None, "image_prefix_hit": False},
+        "stages": [{"name": "request", "start_s": 0.0, "dur_s": 0.1, "attrs": {}}],
+        "unobserved": ["mm.expand", "model.vision_encoder"],
+    }
+    summary = summarize([rec, {**rec, "unobserved": ["model.vision_encoder"]}], lambda r: "image")
+    assert summary["image"]["unobserved"] == {"mm.expand": 1, "model.vision_encoder": 2}
+    assert "UNOBSERVED (expected, not seen; their time is inside the enclosing stage): mm.expand (1 of 2)" in (
+        format_table(summary)
+    )
