@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-def test_unobserved_lists_what_a_media_request_should_have_had():
-    from sglang_mmtrace.stages import unobserved
+from sglang_mmtrace.join.collector import _embedding_outcome
+from sglang_mmtrace.report.analysis import format_table, summarize
+from sglang_mmtrace.stages import unobserved
 
+
+def test_unobserved_lists_what_a_media_request_should_have_had():
     every = {"mm.process", "mm.load", "mm.decode", "mm.resize_normalize", "mm.expand", "model.vision_encoder"}
     assert unobserved(every, 1, "off", "miss") == []
     assert unobserved({"mm.process"}, 1, "off", None) == [
@@ -20,8 +23,6 @@ def test_unobserved_lists_what_a_media_request_should_have_had():
 
 
 def test_the_embedding_outcome_is_never_a_hit_without_evidence():
-    from sglang_mmtrace.join.collector import _embedding_outcome
-
     assert _embedding_outcome(True, set()) == "miss"
     assert _embedding_outcome(False, {"hit"}) == "hit"
     assert _embedding_outcome(False, {"unobserved"}) is None
@@ -29,8 +30,6 @@ def test_the_embedding_outcome_is_never_a_hit_without_evidence():
 
 
 def test_report_says_which_stages_were_unobserved():
-    from sglang_mmtrace.report.analysis import format_table, summarize
-
     rec = {
         "status": "ok",
         "ttft_s": 0.1,
