@@ -64,7 +64,7 @@ _CATALOGUE: tuple[Stage, ...] = (
     Stage(
         "mm.load",
         API,
-        "per image: fetch or base64-decode, content hash",
+        "per image or video: fetch or base64-decode, content hash (attr modality for a video)",
         parent="mm.process",
         per_image=True,
         expected="media",
@@ -76,7 +76,14 @@ _CATALOGUE: tuple[Stage, ...] = (
         parent="mm.process",
         per_image=True,
     ),
-    Stage("mm.decode", API, "per image: PNG/JPEG decode", parent="mm.process", per_image=True, expected="media_new"),
+    Stage(
+        "mm.decode",
+        API,
+        "per image: PNG/JPEG decode; per video: its sampled frames' decode (attrs modality, frames)",
+        parent="mm.process",
+        per_image=True,
+        expected="media_new",
+    ),
     Stage(
         "mm.resize_normalize",
         API,

@@ -3,7 +3,7 @@
 #
 # --quick: only the tests that start no server (pytest -m "not server"), for the inner loop.
 # Some tests need Debian packages as real peers: prometheus + promtool (metrics, dashboard and
-# shipped-config tests) and headless chromium (report --html). Any that are missing are installed
+# shipped-config tests), headless chromium (report --html) and ffmpeg (video requests). Any that are missing are installed
 # with apt-get first (as root, or through password-less sudo). Where that is not possible (no
 # apt-get, not root, apt-get failed) this says so and runs the tests anyway: those that need a
 # missing peer skip, and -rfEs puts each skip's reason (the package to install) in the summary.
@@ -23,6 +23,7 @@ have() { command -v "$1" >/dev/null 2>&1; }
 packages=()
 { have prometheus && have promtool; } || packages+=(prometheus)
 { have chromium || have chromium-browser; } || packages+=(chromium)
+have ffmpeg || packages+=(ffmpeg)  # SGLang's video decoder (torchcodec) loads its libraries; the tests make videos with it
 
 if ((${#packages[@]})); then
   echo "tests/run.sh: test peers missing, installing the Debian packages: ${packages[*]}" >&2

@@ -1,6 +1,7 @@
 """Every VLM family the harness builds, on the real CPU server: complete records and no false answer.
 
-Per family: a new image, the same image again, a text prompt (issue 39). Each family's server is
+Per family: a new image, the same image again, a text prompt, and a new video where the family takes
+video (issue 39). Each family's server is
 started once for its tests (a module-scoped fixture, parametrized by family, so one server lives at
 a time); Qwen3-VL uses the session's shared server. The assertions are on values SGLang reports
 itself: ``usage`` (cached and image tokens) and whether the image was in the radix prefix.
@@ -19,13 +20,13 @@ from conftest import records, server_context, start_server
 
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
 from sglang_mmtrace.harness.families import families
+from sglang_mmtrace.harness.images import make_video, video_data_url
 
 pytestmark = pytest.mark.server
 
 MM_STAGES = {"mm.process", "mm.load", "mm.decode", "mm.resize_normalize", "mm.expand"}
 """The processor's stages every image request has when its image missed every cache."""
 ENCODER_STAGES = {"model.vision_encoder", "model.embed"}
-KINDS = ("new image", "same image", "text")
 
 
 @dataclass
@@ -49,13 +50,37 @@ def _send(srv: CpuServer, family: str) -> Run:
         "same image": [image_message("What is in this picture?", [image])],
         "text": [{"role": "user", "content": "Say something about the weather."}],
     }
+    if "video" in families()[family].modalities:
+        video = video_data_url(make_video(128, 128, frames=8, seed=zlib.crc32(family.encode()) % 1000))
+        messages["new video"] = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "video_url", "video_url": {"url": video}},
+                    {"type": "text", "text": "What happens?"},
+                ],
+            }
+        ]
     rids, usage = {}, {}
-    for kind in KINDS:
+    for kind in messages:
         rid = f"family-{family}-{kind.replace(' ', '-')}-{uuid.uuid4().hex[:8]}"
         _, usage[kind], _ = stream_chat(srv.base_url, messages[kind], max_tokens=2, rid=rid)
         rids[kind] = rid
     found = records(srv, rids.values(), timeout=60)
     return Run(family, srv, {kind: found[rid] for kind, rid in rids.items()}, usage)
+
+
+def test_a_new_video_has_every_multimodal_stage_and_its_encoder_run(run: Run) -> None:
+    if "video" not in families()[run.family].modalities:
+        pytest.skip(f"{run.family}: SGLang's processor for it takes no video")
+    rec, usage = run.records["new video"], run.usage["new video"]
+    missing = (MM_STAGES | ENCODER_STAGES) - _stages(rec)
+    assert not missing and rec["unobserved"] == [], f"{sorted(missing)} {rec['unobserved']}{run.context()}"
+    by_name = {s["name"]: s for s in rec["stages"]}
+    assert by_name["mm.decode"]["attrs"]["modality"] == "video" and by_name["mm.decode"]["attrs"]["frames"] > 0
+    assert by_name["model.vision_encoder"]["attrs"]["modality"] == "video", by_name["model.vision_encoder"]
+    assert rec["cache"]["embedding"] == "miss" and rec["status"] == "ok"
+    assert rec["cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"] - 1
 
 
 @pytest.fixture(scope="module", params=sorted(families()))
@@ -121,7 +146,7 @@ def test_a_text_prompt_has_no_multimodal_stage(run: Run) -> None:
 
 
 def test_cached_tokens_and_coverage_on_every_record(run: Run) -> None:
-    for kind in KINDS:
+    for kind in run.records:
         rec, usage = run.records[kind], run.usage[kind]
         assert rec["status"] == "ok", (kind, rec["error"])
         assert rec["prompt_tokens"] == usage["prompt_tokens"], kind

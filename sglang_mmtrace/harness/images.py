@@ -1,4 +1,4 @@
-"""Deterministic test images for the harness.
+"""Deterministic test images (and videos, made of them) for the harness.
 
 Each seed gives a different picture (gradients plus shapes), so a new seed is a guaranteed cache
 miss in SGLang's multimodal/radix caches, while the same seed and size give the same bytes, so a
@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import io
 import random
+import shutil
+import subprocess
 from typing import Literal
 
 import numpy as np
@@ -81,4 +83,24 @@ def data_url(data: bytes, fmt: ImageFormat = "PNG") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
-__all__ = ["ImageFormat", "data_url", "make_image"]
+def make_video(width: int, height: int, frames: int, seed: int, fps: int = 4) -> bytes:
+    """An MP4 (H.264 in yuv420p, what players and SGLang's decoders read) of ``frames`` seed-dependent
+    images at ``fps``, encoded by the ``ffmpeg`` command, which SGLang's video decoder (torchcodec)
+    needs as a library anyway. The same arguments give the same frames.
+    """
+    if shutil.which("ffmpeg") is None:
+        raise RuntimeError("making a test video needs the ffmpeg command (apt-get install ffmpeg)")
+    raw = b"".join(
+        np.asarray(Image.open(io.BytesIO(make_image(width, height, seed * 1000 + i)))).tobytes() for i in range(frames)
+    )
+    cmd = ["ffmpeg", "-loglevel", "error", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}"]
+    cmd += ["-r", str(fps), "-i", "-", "-pix_fmt", "yuv420p", "-f", "mp4", "-movflags", "frag_keyframe+empty_moov", "-"]
+    return subprocess.run(cmd, input=raw, capture_output=True, check=True).stdout
+
+
+def video_data_url(data: bytes) -> str:
+    """An MP4's bytes as a ``data:`` URL, the form OpenAI-style ``video_url`` parts take."""
+    return f"data:video/mp4;base64,{base64.b64encode(data).decode('ascii')}"
+
+
+__all__ = ["ImageFormat", "data_url", "make_image", "make_video", "video_data_url"]

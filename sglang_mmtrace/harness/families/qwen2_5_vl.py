@@ -57,7 +57,7 @@ FAMILY = Family(
     architecture="Qwen2_5_VLForConditionalGeneration",
     builder_version=BUILDER_VERSION,
     build=_build,
-    modalities=("image",),
+    modalities=("image", "video"),
     notes="2 vision blocks (block 1 full attention, block 0 windowed); LM head tied (as Qwen2.5-VL-3B); "
     "chat template without the default system prompt",
     image_tokens={256: 81, 512: 324},

@@ -171,7 +171,7 @@ FAMILY = Family(
     architecture="Qwen2VLForConditionalGeneration",
     builder_version=BUILDER_VERSION,
     build=_build,
-    modalities=("image",),
+    modalities=("image", "video"),
     notes="LM head tied to the embeddings (as Qwen2-VL-2B); chat template without the default system prompt",
     image_tokens={256: 81, 512: 324},
 )

@@ -102,7 +102,9 @@ def _nv(stage: str, detail: Any = _traced_rid) -> tuple[str, Any]:
 
 def _request_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     trace = current_trace.get()
-    if trace is None or not arg(args, kwargs, 0, "image_data"):
+    # the TokenizerManager passes request_obj by name (its position differs between processors)
+    video = getattr(kwargs.get("request_obj"), "video_data", None)
+    if trace is None or not (arg(args, kwargs, 0, "image_data") or video):
         return None
     req = _MmReq(trace)
     return req, current_mm.set(req)
@@ -149,11 +151,14 @@ def _load_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
 def _load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     fetched = getattr(_tls, "fetch", None) or []
     _tls.fetch = st
-    modality = arg(args, kwargs, 1, "modality")
-    if getattr(modality, "name", None) != "IMAGE" or exc is not None or isinstance(result, dict):
-        return  # not an image, failed, or already-preprocessed input (returned as is)
+    modality = getattr(arg(args, kwargs, 1, "modality"), "name", None)
+    if modality not in ("IMAGE", "VIDEO") or exc is not None or isinstance(result, dict):
+        return  # audio, failed, or already-preprocessed input (returned as is)
     trace = _trace()
     if trace is None:
+        return
+    if modality == "VIDEO":  # the source read and the container opened: its frames decode later
+        trace.add("mm.load", t0, t1, {"modality": "video"})
         return
     size = image_size(result)
     nbytes = sum(n for _, _, n in fetched)
@@ -178,6 +183,13 @@ def _fetch_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 
 
 # -- PROC threads: process_and_combine_mm_data, process_mm_data, _wrap_tensor_for_cuda_ipc ---------
+
+
+def _frames_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """A video's sampled frames decoded (``VideoDecoderWrapper``, every family's video decoder)."""
+    trace = _trace()
+    if trace is not None and exc is None:
+        trace.add("mm.decode", t0, t1, {"modality": "video", "frames": len(arg(args, kwargs, 0, "indices") or ())})
 
 
 def _combine_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -299,6 +311,12 @@ HOOKS: dict[str, HookSpec] = {
         "mm_processor_generic.load_decode", _load_exit, _load_enter, nvtx=_nv("mm.decode")
     ),
     "mm_processor_generic.fetch": interval("mm_processor_generic.fetch", _fetch_exit, nvtx=_nv("mm.load", _fetch_rid)),
+    "mm_processor_generic.video_frames": interval(
+        "mm_processor_generic.video_frames", _frames_exit, nvtx=_nv("mm.decode")
+    ),
+    "mm_processor_generic.video_frames_tensor": interval(
+        "mm_processor_generic.video_frames_tensor", _frames_exit, nvtx=_nv("mm.decode")
+    ),
     "mm_processor_generic.combine": interval("mm_processor_generic.combine", _combine_exit, _combine_enter),
     "mm_processor_generic.combine_async": interval("mm_processor_generic.combine_async", _combine_async_exit),
     # CUDA events bracket these calls: the enter step records the first, the exit step the second
@@ -314,6 +332,8 @@ HOOKS: dict[str, HookSpec] = {
 READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
     "mm_processor_generic.request": ((0, "image_data"),),
     "mm_processor_generic.load_decode": ((1, "modality"),),
+    "mm_processor_generic.video_frames": ((0, "indices"),),
+    "mm_processor_generic.video_frames_tensor": ((0, "indices"),),
     "mm_processor_generic.combine": ((0, "base_output"),),
     "mm_processor_generic.resize_normalize": ((1, "images"),),
     "mm_processor_generic.cuda_ipc": ((0, "tensor"),),
