@@ -64,7 +64,7 @@ _CATALOGUE: tuple[Stage, ...] = (
     Stage(
         "mm.load",
         API,
-        "per image or video: fetch or base64-decode, content hash (attr modality for a video)",
+        "per image: fetch or base64-decode, content hash",
         parent="mm.process",
         per_image=True,
         expected="media",
@@ -79,7 +79,7 @@ _CATALOGUE: tuple[Stage, ...] = (
     Stage(
         "mm.decode",
         API,
-        "per image: PNG/JPEG decode; per video: its sampled frames' decode (attrs modality, frames)",
+        "per image: PNG/JPEG decode",
         parent="mm.process",
         per_image=True,
         expected="media_new",

@@ -287,8 +287,11 @@ def _resize_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
     c = getattr(_tls, "combine", None)
     if c is not None:
         c.t_resize_end = t1
-    images = kwargs.get("images") if "images" in kwargs else (args[1] if len(args) > 1 else None)
-    _gpu_stage("mm.resize_normalize", t0, t1, *_end_mark(ev), {"images": len(images or ())})
+    images, videos = arg(args, kwargs, 1, "images"), arg(args, kwargs, 2, "videos")
+    attrs = {"images": len(images or ())}
+    if videos:
+        attrs["videos"] = len(videos)
+    _gpu_stage("mm.resize_normalize", t0, t1, *_end_mark(ev), attrs)
 
 
 def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -330,11 +333,11 @@ HOOKS: dict[str, HookSpec] = {
 
 # the arguments each hook reads from its target (registry.READS_OF)
 READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
-    "mm_processor_generic.request": ((0, "image_data"),),
+    "mm_processor_generic.request": ((0, "image_data"), (None, "request_obj")),
     "mm_processor_generic.load_decode": ((1, "modality"),),
     "mm_processor_generic.video_frames": ((0, "indices"),),
     "mm_processor_generic.video_frames_tensor": ((0, "indices"),),
     "mm_processor_generic.combine": ((0, "base_output"),),
-    "mm_processor_generic.resize_normalize": ((1, "images"),),
+    "mm_processor_generic.resize_normalize": ((1, "images"), (2, "videos")),
     "mm_processor_generic.cuda_ipc": ((0, "tensor"),),
 }
