@@ -6,6 +6,7 @@ No server is started: the OTLP peer is a plain TCP server socket (a real peer fo
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from sglang_mmtrace import config
 from sglang_mmtrace import environment_variables as ev
+from sglang_mmtrace import manifest_check as mc
 from sglang_mmtrace.cli import doctor, main
 from sglang_mmtrace.cli.demo import PluginLines
 from sglang_mmtrace.config import Config
@@ -275,3 +277,17 @@ def test_matrix_readme_that_cannot_be_used_is_one_line_before_any_matrix(tmp_pat
     assert main.main(["doctor", "--matrix", "--readme", str(readme)]) == 0
     assert readme.read_text() == f"head\n{MATRIX_BEGIN}\n| stage |\n|---|\n{MATRIX_END}\ntail\n"
     assert capsys.readouterr().out == "| stage |\n|---|\n\n| stage (families) |\n" and len(built) == 1
+
+
+def test_model_path_names_the_stages_a_model_would_lose(tmp_path, capsys):
+    version = doctor.sglang_version()
+    served, unknown = tmp_path / "served", tmp_path / "unknown"
+    for folder, arch in ((served, "Qwen2_5_VLForConditionalGeneration"), (unknown, "NoSuchVLModel")):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    assert doctor._model(version, str(served)) is None
+    assert capsys.readouterr().out.splitlines()[-1] == "stages this model loses: none"
+    assert doctor._model(version, str(unknown)) is None
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == "stages this model loses: " + ", ".join([*mc.FAMILY_STAGES, "model.vision_encoder"])
+    assert "cannot read the architecture" in doctor._model(version, str(tmp_path / "none"))
