@@ -216,6 +216,7 @@ def summarize_run(summary: dict[str, Any], records: list[dict[str, Any]]) -> Non
                 "record_cached_tokens": rec["cached_tokens"],
                 "record_prompt_tokens": rec["prompt_tokens"],
                 "cache": rec["cache"],
+                "unobserved": rec.get("unobserved"),
                 "transport": rec["transport"],
                 "images": rec["images"],
                 "clocks": {s["name"]: s["clock"] for s in rec["stages"]},

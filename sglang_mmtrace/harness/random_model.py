@@ -477,13 +477,28 @@ __all__ = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build OUT_DIR (the GPU scripts' one way to get a model) unless a finished build is there."""
-    ap = argparse.ArgumentParser(description="Build a random-weight Qwen3-VL checkpoint offline.")
+    """Build OUT_DIR (the GPU scripts' one way to get a model) unless a finished build is there.
+
+    ``--family`` (default ``qwen3-vl``, this module's) picks another harness family: its builder in
+    ``harness.families`` and its shapes (``tiny`` or a real size such as ``qwen2.5-vl-3b``).
+    """
+    ap = argparse.ArgumentParser(description="Build a random-weight VLM checkpoint offline (Qwen3-VL by default).")
     ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    ap.add_argument("--family", default="qwen3-vl", help="a harness family (sglang_mmtrace.harness.families)")
+    ap.add_argument("--shape", default="tiny", help=f"tiny or a real size (qwen3-vl: {', '.join(sorted(SHAPES))})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None, help="where to initialize the weights (default: see build_qwen3vl)")
     args = ap.parse_args(argv)
+    if args.family != "qwen3-vl":
+        from .families import ensure_shape, families
+
+        if args.family not in families():
+            ap.error(f"unknown family {args.family!r}; one of {', '.join(families())}")
+        ensure_shape(args.family, args.out_dir, args.shape, args.seed, args.device)
+        print(f"{args.out_dir}: {(args.out_dir / MARKER_NAME).read_text(encoding='utf-8').strip()}")
+        return 0
+    if args.shape not in SHAPES:
+        ap.error(f"unknown shape {args.shape!r}; one of {', '.join(SHAPES)}")
     if not is_complete(args.out_dir, args.seed, args.shape):
         build_qwen3vl(args.out_dir, seed=args.seed, shape=args.shape, device=args.device)
     print(f"{args.out_dir}: {_marker(args.shape, args.seed)}")

@@ -4,7 +4,9 @@ Each family module defines ``FAMILY``: a ``Family`` whose ``build(out_dir, seed)
 checkpoint offline (config, bf16 weights, tokenizer with the family's real special-token ids,
 processor with its real settings, chat template), small enough for the CPU server. ``ensure`` caches
 one build per family, seed and builder version, as ``random_model.ensure_tiny_model`` does for
-Qwen3-VL (which is the family ``qwen3-vl`` here).
+Qwen3-VL (which is the family ``qwen3-vl`` here). A family may also list real-size ``shapes`` (the
+published configuration of a checkpoint, random weights) for GPU timing: ``ensure_shape`` builds one
+into a given folder, initialised on the GPU where there is one (``random_model --family F --shape S``).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ class Family:
     """The checkpoint's ``architectures[0]``: the SGLang model class that serves it."""
     builder_version: str
     """Bumped when the build output changes, so cached builds are rebuilt."""
-    build: Callable[[Path, int], None]
-    """Writes the checkpoint into an empty folder (deterministic for a seed; offline)."""
+    build: Callable[..., None]
+    """``build(out_dir, seed)`` writes the tiny checkpoint into an empty folder (deterministic for a seed;
+    offline); a family with more ``shapes`` also takes ``shape=`` and ``device=`` (where to initialise)."""
     modalities: tuple[str, ...] = ("image",)
     """What the family's SGLang processor accepts on the CPU server (``image``, ``video``, ``audio``)."""
     server_args: tuple[str, ...] = ()
@@ -43,6 +46,9 @@ class Family:
     server (its records list them as ``unobserved``); ``doctor --matrix`` shows them."""
     image_tokens: dict[int, int] = field(default_factory=dict)
     """Image side (px, square) -> visual tokens, as the family's processor expands it (tests check it)."""
+    shapes: tuple[str, ...] = ("tiny",)
+    """The sizes ``build`` knows: ``tiny`` (the CPU server's, the default) and real-size ones named after
+    the published checkpoint whose config.json they copy (``qwen2.5-vl-3b``), for GPU timing."""
 
 
 MODULES: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "internvl", "mistral3", "glm4v", "gemma3")
@@ -68,6 +74,44 @@ def is_complete(model_dir: Path, fam: Family, seed: int = 0) -> bool:
         return (Path(model_dir) / MARKER_NAME).read_text(encoding="utf-8").strip() == _marker(fam, seed)
     except OSError:
         return False
+
+
+def _shape_marker(fam: Family, shape: str, seed: int) -> str:
+    return _marker(fam, seed) if shape == "tiny" else f"{fam.builder_version} {shape} seed={seed}"
+
+
+def ensure_shape(name: str, out_dir: Path, shape: str = "tiny", seed: int = 0, device: str | None = None) -> Path:
+    """``out_dir``, holding a finished build of family ``name`` at ``shape`` (built there first unless one is).
+
+    The GPU scripts' way to get a model: one folder per family and shape, no cache or lock (a
+    one-user machine). Real-size shapes are initialised on ``device`` (default: ``cuda`` when there is
+    one: a 4B model's random init takes minutes on a CPU, seconds on a GPU).
+    """
+    out_dir = Path(out_dir)
+    if name == "qwen3-vl":
+        from ..random_model import build_qwen3vl
+        from ..random_model import is_complete as qwen3_complete
+
+        if not qwen3_complete(out_dir, seed, shape):
+            build_qwen3vl(out_dir, seed=seed, shape=shape, device=device)
+        return out_dir
+    fam = families()[name]
+    if shape not in fam.shapes:
+        raise ValueError(f"family {name} has no shape {shape!r}; one of {', '.join(fam.shapes)}")
+    marker = out_dir / MARKER_NAME
+    try:
+        if marker.read_text(encoding="utf-8").strip() == _shape_marker(fam, shape, seed):
+            return out_dir
+    except OSError:
+        pass
+    out_dir.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+    if shape == "tiny":
+        fam.build(out_dir, seed)
+    else:
+        fam.build(out_dir, seed, shape=shape, device=device)
+    marker.write_text(_shape_marker(fam, shape, seed) + "\n", encoding="utf-8")
+    return out_dir
 
 
 def ensure_family_model(name: str, cache_dir: Path | None = None, seed: int = 0) -> Path:

@@ -113,6 +113,40 @@ VISION: dict[str, Any] = {
 }
 """Tiny SigLIP sizes (published: 1152 wide, 27 layers); image and patch size stay real."""
 
+SLIDING_PER_GLOBAL = 5
+"""The published interleave: every 6th layer is global (``sliding_window_pattern`` 6)."""
+
+
+def _layer_types(n: int) -> list[str]:
+    return ["full_attention" if (i + 1) % (SLIDING_PER_GLOBAL + 1) == 0 else "sliding_attention" for i in range(n)]
+
+
+# Real sizes for GPU timing, random weights: the published gemma-3-4b-it config.json values (text:
+# 34 layers of 2560, 8 heads / 4 KV heads of 256, MLP 10240, 5 sliding : 1 global; vision: SigLIP
+# 27 layers of 1152, 16 heads, MLP 4304). Everything else (vocab, token ids, RoPE, image geometry,
+# tokenizer, processor) is the tiny build's.
+SHAPES: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny": {"text": TEXT, "vision": VISION},
+    "gemma-3-4b": {
+        "text": {
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "num_hidden_layers": 34,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "query_pre_attn_scalar": 256,
+            "layer_types": _layer_types(34),
+        },
+        "vision": {
+            "hidden_size": 1152,
+            "intermediate_size": 4304,
+            "num_hidden_layers": 27,
+            "num_attention_heads": 16,
+        },
+    },
+}
+
 
 def _build_tokenizer() -> GemmaTokenizer:
     """GemmaTokenizer over a trained BPE laid out on Gemma 3's ids, with its image tokens named."""
@@ -152,13 +186,13 @@ def _assert_tokenizer(tok: GemmaTokenizer) -> None:
         raise AssertionError(f"tokenizer has {len(tok)} entries, want {TOKENIZER_SIZE + 1}")
 
 
-def _build_config() -> Gemma3Config:
-    """Gemma 3 config: published token ids, RoPE, norms and image geometry; tiny widths and depths."""
+def _build_config(shape: str = "tiny") -> Gemma3Config:
+    """Gemma 3 config: published token ids, RoPE, norms and image geometry; ``shape``'s widths and depths."""
     from transformers import Gemma3Config
 
     return Gemma3Config(
         text_config={
-            **TEXT,
+            **SHAPES[shape]["text"],
             "vocab_size": VOCAB_SIZE,
             "hidden_activation": "gelu_pytorch_tanh",
             "max_position_embeddings": 131072,
@@ -174,7 +208,7 @@ def _build_config() -> Gemma3Config:
             "dtype": "bfloat16",
         },
         vision_config={
-            **VISION,
+            **SHAPES[shape]["vision"],
             "model_type": "siglip_vision_model",
             "image_size": IMAGE_SIZE,
             "patch_size": 14,
@@ -237,17 +271,23 @@ def _verify_saved(out_dir: Path) -> None:
         raise AssertionError(f"image expands to {ids.count(SPECIALS['<image_soft_token>'])} soft tokens")
 
 
-def build(out_dir: Path, seed: int) -> None:
-    """Write the tiny random-weight Gemma 3 checkpoint (bf16, seed-fixed) into ``out_dir``."""
+def build(out_dir: Path, seed: int, shape: str = "tiny", device: str | None = None) -> None:
+    """Write the random-weight Gemma 3 checkpoint of ``shape`` (bf16, seed-fixed) into ``out_dir``.
+
+    ``device`` is where the weights are initialised (default: ``cuda`` for a real-size shape when
+    there is one; the values differ by device, the shapes do not).
+    """
     import torch
     from transformers import Gemma3ForConditionalGeneration, GenerationConfig
 
+    if device is None:
+        device = "cuda" if shape != "tiny" and torch.cuda.is_available() else "cpu"
     out_dir = Path(out_dir)
     tokenizer = _build_tokenizer()
     processor = _build_processor(tokenizer)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
-        model = Gemma3ForConditionalGeneration(_build_config()).to(torch.bfloat16).eval()
+        model = Gemma3ForConditionalGeneration(_build_config(shape)).to(torch.bfloat16).eval()
     # Token ids only, no sampling defaults (the published one samples): tests ask for greedy.
     model.generation_config = GenerationConfig(bos_token_id=2, pad_token_id=0, eos_token_id=[1, 106])
     model.save_pretrained(out_dir)
@@ -274,4 +314,5 @@ FAMILY = Family(
         "generation_config carries ids only (published: sampling, top_k 64, top_p 0.95)."
     ),
     image_tokens={256: MM_TOKENS_PER_IMAGE, 512: MM_TOKENS_PER_IMAGE},
+    shapes=tuple(SHAPES),
 )

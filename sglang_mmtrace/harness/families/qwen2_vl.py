@@ -50,18 +50,29 @@ VISION: dict[str, Any] = {
 }
 
 
-def text_config(max_position_embeddings: int) -> dict[str, Any]:
-    """The tiny Qwen2 text config with the published non-size keys (rope theta, eps, ids)."""
+def text_config(
+    max_position_embeddings: int,
+    sizes: dict[str, Any] | None = None,
+    mrope_section: list[int] | None = None,
+    max_window_layers: int | None = None,
+) -> dict[str, Any]:
+    """The Qwen2 text config with the published non-size keys (rope theta, eps, ids): tiny ``TEXT`` sizes
+    and M-RoPE sections unless ``sizes`` / ``mrope_section`` give a real shape's."""
+    sizes = TEXT if sizes is None else sizes
     return {
-        **TEXT,
+        **sizes,
         "vocab_size": rm.VOCAB_SIZE,
         "hidden_act": "silu",
         "max_position_embeddings": max_position_embeddings,
         "rms_norm_eps": 1e-6,
         "use_sliding_window": False,
         "sliding_window": 32768,
-        "max_window_layers": TEXT["num_hidden_layers"],
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": MROPE_SECTION},
+        "max_window_layers": sizes["num_hidden_layers"] if max_window_layers is None else max_window_layers,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1_000_000.0,
+            "mrope_section": MROPE_SECTION if mrope_section is None else mrope_section,
+        },
         "bos_token_id": rm.TOKEN_IDS[rm.PAD_TOKEN],
         "eos_token_id": rm.TOKEN_IDS[rm.EOS_TOKEN],
         "dtype": "bfloat16",
@@ -133,12 +144,19 @@ def build_processor(processor_class: str) -> ProcessorMixin:
 
 
 def write_checkpoint(
-    out_dir: Path, seed: int, config: PretrainedConfig, model_class: str, processor_class: str
+    out_dir: Path,
+    seed: int,
+    config: PretrainedConfig,
+    model_class: str,
+    processor_class: str,
+    device: str = "cpu",
 ) -> None:
     """Write model (bf16, seed-fixed init), processor and tokenizer to ``out_dir``, then re-check them.
 
     The init runs under a forked RNG so building never moves the caller's torch seed; the saved
-    processor is reloaded as SGLang will and its special ids and chat template verified.
+    processor is reloaded as SGLang will and its special ids and chat template verified. ``device`` is
+    where the weights are initialised (``cuda`` for the real-size shapes: seconds instead of minutes;
+    the values differ by device, the shapes do not).
     """
     import torch
     import transformers
@@ -147,7 +165,7 @@ def write_checkpoint(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     processor = build_processor(processor_class)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
         model = getattr(transformers, model_class)(config).to(torch.bfloat16).eval()
     # Token ids only, as random_model does: tests ask for greedy decoding explicitly.

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..random_model import BUILDER_VERSION, build_qwen3vl
+from ..random_model import BUILDER_VERSION, SHAPES, build_qwen3vl
 from . import Family
 
 
-def _build(out_dir: Path, seed: int) -> None:
-    build_qwen3vl(out_dir, seed=seed)
+def _build(out_dir: Path, seed: int, shape: str = "tiny", device: str | None = None) -> None:
+    build_qwen3vl(out_dir, seed=seed, shape=shape, device=device)
 
 
 FAMILY = Family(
@@ -19,4 +19,5 @@ FAMILY = Family(
     build=_build,
     modalities=("image", "video"),
     image_tokens={256: 64, 512: 256},
+    shapes=tuple(SHAPES),
 )
