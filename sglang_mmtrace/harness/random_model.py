@@ -23,7 +23,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -358,6 +358,17 @@ def _verify_saved(out_dir: Path) -> None:
         raise AssertionError(f"chat template rendered {text!r}, want {want!r}")
 
 
+def random_weights(model_class: Any, config: Any, seed: int, device: str = "cpu") -> Any:
+    """``model_class(config)`` with seed-fixed random weights, in bf16 and eval mode, built on ``device``.
+
+    The global RNG is forked, so a build leaves the caller's random state as it was."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(seed)
+        return model_class(config).to(torch.bfloat16).eval()
+
+
 def _marker(shape: str, seed: int) -> str:
     return f"{BUILDER_VERSION} {shape} seed={seed}"
 
@@ -384,10 +395,7 @@ def build_qwen3vl(out_dir: Path, seed: int = 0, shape: str = "tiny", device: str
 
     if device is None:
         device = "cuda" if shape != "tiny" and torch.cuda.is_available() else "cpu"
-    config = _build_config(shape)
-    with torch.random.fork_rng(devices=[]), torch.device(device):
-        torch.manual_seed(seed)
-        model = Qwen3VLForConditionalGeneration(config).to(torch.bfloat16).eval()
+    model = random_weights(Qwen3VLForConditionalGeneration, _build_config(shape), seed, device)
     # Token ids only (as in Qwen3-VL), no sampling defaults: tests ask for greedy explicitly.
     model.generation_config = GenerationConfig(
         bos_token_id=TOKEN_IDS[PAD_TOKEN],
@@ -434,25 +442,23 @@ def ensure_model(out_dir: Path, shape: str = "tiny", seed: int = 0) -> Path:
     return out_dir
 
 
-def ensure_tiny_model(cache_dir: Path | None = None, seed: int = 0) -> Path:
-    """Return a finished tiny-model directory in the cache, building it first if needed.
+def cached_build(cache: Path, folder: str, complete: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:
+    """``cache/folder`` once ``complete`` says it holds a finished build, built there first if needed.
 
-    The build goes to a temporary sibling and is renamed into place, so readers never see a
-    partial model; a stale or partial directory (no matching marker) is replaced.
+    The build goes to a temporary sibling and is renamed into place, so readers never see a partial
+    model; a stale or partial folder is replaced; a lock makes parallel test workers build it once.
     """
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    name = f"tiny-qwen3vl-seed{seed}"
-    final = cache / name
-    if is_complete(final, seed):
+    final = cache / folder
+    if complete(final):
         return final
-    with _locked(cache / f".{name}.lock"):
-        if is_complete(final, seed):
+    with _locked(cache / f".{folder}.lock"):
+        if complete(final):
             return final
-        for stale in cache.glob(f"{name}.tmp-*"):
+        for stale in cache.glob(f"{folder}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{name}.tmp-", dir=cache))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{folder}.tmp-", dir=cache))
         try:
-            build_qwen3vl(tmp, seed=seed)
+            build(tmp)
             if final.exists():
                 shutil.rmtree(final)
             os.rename(tmp, final)
@@ -460,6 +466,14 @@ def ensure_tiny_model(cache_dir: Path | None = None, seed: int = 0) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final
+
+
+def ensure_tiny_model(cache_dir: Path | None = None, seed: int = 0) -> Path:
+    """A finished tiny-model folder in the cache (``cached_build``), built first if needed."""
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return cached_build(
+        cache, f"tiny-qwen3vl-seed{seed}", lambda d: is_complete(d, seed), lambda d: build_qwen3vl(d, seed=seed)
+    )
 
 
 __all__ = [

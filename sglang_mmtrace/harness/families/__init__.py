@@ -12,14 +12,22 @@ into a given folder, initialised on the GPU where there is one (``random_model -
 from __future__ import annotations
 
 import importlib
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ..random_model import MARKER_NAME, _locked, default_cache_dir, ensure_tiny_model
+from ..random_model import MARKER_NAME, cached_build, default_cache_dir, ensure_tiny_model
+
+TINY_TEXT: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+"""The text model's sizes every tiny family shares (Qwen3-VL's, ``random_model.SHAPES``): small enough
+for the CPU server, the family's own structure (heads, KV heads) kept."""
 
 
 @dataclass(frozen=True)
@@ -124,23 +132,9 @@ def ensure_family_model(name: str, cache_dir: Path | None = None, seed: int = 0)
         return ensure_tiny_model(cache_dir, seed)
     fam = families()[name]
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    folder = f"tiny-{name.replace('.', '')}-seed{seed}"
-    final = cache / folder
-    if is_complete(final, fam, seed):
-        return final
-    with _locked(cache / f".{folder}.lock"):
-        if is_complete(final, fam, seed):
-            return final
-        for stale in cache.glob(f"{folder}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{folder}.tmp-", dir=cache))
-        try:
-            fam.build(tmp, seed)
-            (tmp / MARKER_NAME).write_text(_marker(fam, seed) + "\n", encoding="utf-8")
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return final
+
+    def build(out: Path) -> None:
+        fam.build(out, seed)
+        (out / MARKER_NAME).write_text(_marker(fam, seed) + "\n", encoding="utf-8")
+
+    return cached_build(cache, f"tiny-{name.replace('.', '')}-seed{seed}", lambda d: is_complete(d, fam, seed), build)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..random_model import _clean_tokenizer_config
-from . import Family
+from ..random_model import _clean_tokenizer_config, random_weights
+from . import TINY_TEXT, Family
 from ._checkpoint import nest_vision_model
 from ._sentencepiece import assert_ids, layout_vocab, train_pieces, write_bos_eos_flags
 
@@ -95,11 +95,7 @@ CHAT_TEMPLATE = (
 )
 
 TEXT: dict[str, Any] = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    **TINY_TEXT,
     "head_dim": 32,
     "query_pre_attn_scalar": 32,
     "layer_types": ["sliding_attention", "full_attention"],
@@ -285,9 +281,7 @@ def build(out_dir: Path, seed: int, shape: str = "tiny", device: str | None = No
     out_dir = Path(out_dir)
     tokenizer = _build_tokenizer()
     processor = _build_processor(tokenizer)
-    with torch.random.fork_rng(devices=[]), torch.device(device):
-        torch.manual_seed(seed)
-        model = Gemma3ForConditionalGeneration(_build_config(shape)).to(torch.bfloat16).eval()
+    model = random_weights(Gemma3ForConditionalGeneration, _build_config(shape), seed, device)
     # Token ids only, no sampling defaults (the published one samples): tests ask for greedy.
     model.generation_config = GenerationConfig(bos_token_id=2, pad_token_id=0, eos_token_id=[1, 106])
     model.save_pretrained(out_dir)

@@ -16,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import Family
+from ..random_model import random_weights
+from . import TINY_TEXT, Family
 from ._tokenizer import assert_token_ids, bytelevel_tokenizer, padded_vocab, save_tokenizer
 
 BUILDER_VERSION = "glm4v/1"
@@ -51,13 +52,7 @@ GLM4_REGEX = (
     r"\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-TEXT: dict[str, Any] = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+TEXT: dict[str, Any] = TINY_TEXT
 MROPE_SECTION = [2, 3, 3]  # covers the rotary half of a 32-wide head, as [8, 12, 12] does for 128
 VISION: dict[str, Any] = {"depth": 2, "hidden_size": 64, "intermediate_size": 256, "num_heads": 2}
 
@@ -159,13 +154,10 @@ def _processor(tokenizer: Any) -> Any:
 
 def build(out_dir: Path, seed: int) -> None:
     """Write a tiny random-weight GLM-4.1V (bf16 weights, tokenizer, processor) to ``out_dir``."""
-    import torch
     from transformers import AutoProcessor, GenerationConfig, Glm4vForConditionalGeneration
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Glm4vForConditionalGeneration(_config()).to(torch.bfloat16).eval()
+    model = random_weights(Glm4vForConditionalGeneration, _config(), seed)
     eos = [TOKEN_IDS["<|endoftext|>"], TOKEN_IDS["<|user|>"], TOKEN_IDS["<|observation|>"]]
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=TOKEN_IDS["<|endoftext|>"])
     model.save_pretrained(out_dir)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..random_model import ADDED_TOKENS as QWEN3_ADDED_TOKENS
 from ..random_model import FIRST_SPECIAL_ID
-from . import Family
+from . import TINY_TEXT, Family
 from ._tokenizer import assert_token_ids, qwen2_tokenizer, save_tokenizer
 
 BUILDER_VERSION = "internvl3/1"
@@ -45,13 +45,7 @@ VOCAB_SIZE = 151674  # InternVL3-1B/2B llm_config.vocab_size: exactly the tokeni
 IMAGE_SIZE, PATCH_SIZE, DOWNSAMPLE = 448, 14, 0.5
 TOKENS_PER_TILE = int((IMAGE_SIZE // PATCH_SIZE) ** 2 * DOWNSAMPLE**2)  # 256
 
-TEXT: dict[str, Any] = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+TEXT: dict[str, Any] = TINY_TEXT
 VISION: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
 
 # ChatML with InternVL's "<image>\n" for an image part: what HF-side users render. The SGLang server

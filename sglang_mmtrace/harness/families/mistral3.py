@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import Family
+from ..random_model import random_weights
+from . import TINY_TEXT, Family
 from ._tokenizer import assert_token_ids, bytelevel_tokenizer, padded_vocab, save_tokenizer
 
 BUILDER_VERSION = "mistral3/1"
@@ -57,14 +58,7 @@ TEKKEN_REGEX = (
     r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-TEXT: dict[str, Any] = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-}
+TEXT: dict[str, Any] = {**TINY_TEXT, "head_dim": 32}
 VISION: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -176,13 +170,10 @@ def _processor(tokenizer: Any) -> Any:
 
 def build(out_dir: Path, seed: int) -> None:
     """Write a tiny random-weight Mistral 3 (bf16 weights, tokenizer, processor) to ``out_dir``."""
-    import torch
     from transformers import AutoProcessor, GenerationConfig, Mistral3ForConditionalGeneration
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Mistral3ForConditionalGeneration(_config()).to(torch.bfloat16).eval()
+    model = random_weights(Mistral3ForConditionalGeneration, _config(), seed)
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=11)
     model.save_pretrained(out_dir)
     processor = _processor(_tokenizer())

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import random_model as rm
-from . import Family
+from . import TINY_TEXT, Family
 
 if TYPE_CHECKING:  # transformers is slow to import; load it only when building
     from transformers import PretrainedConfig, ProcessorMixin
@@ -30,13 +30,7 @@ CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
 
 # The tiny Qwen2 text model both families use. head_dim is 128 / 4 = 32, so the M-RoPE sections
 # (t, h, w) must cover 16 rotary pairs; [4, 6, 6] keeps the published [16, 24, 24] proportions.
-TEXT: dict[str, Any] = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+TEXT: dict[str, Any] = TINY_TEXT
 MROPE_SECTION: list[int] = [4, 6, 6]
 
 # Qwen2-VL's vision tower at tiny width: embed_dim (ViT width) and mlp_ratio, not intermediate_size;
@@ -158,16 +152,13 @@ def write_checkpoint(
     where the weights are initialised (``cuda`` for the real-size shapes: seconds instead of minutes;
     the values differ by device, the shapes do not).
     """
-    import torch
     import transformers
     from transformers import GenerationConfig
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     processor = build_processor(processor_class)
-    with torch.random.fork_rng(devices=[]), torch.device(device):
-        torch.manual_seed(seed)
-        model = getattr(transformers, model_class)(config).to(torch.bfloat16).eval()
+    model = rm.random_weights(getattr(transformers, model_class), config, seed, device)
     # Token ids only, as random_model does: tests ask for greedy decoding explicitly.
     model.generation_config = GenerationConfig(
         bos_token_id=rm.TOKEN_IDS[rm.PAD_TOKEN],
