@@ -603,12 +603,13 @@ FAMILY_STAGES: dict[str, tuple[str, ...]] = {
     "mm.process": ("process_mm_data_async",),
     "mm.load": ("load_mm_data", "MediaArtifactCacheMixin"),
     "mm.decode": ("load_mm_data", "MediaArtifactCacheMixin"),
-    "mm.resize_normalize": ("process_and_combine_mm_data", "MediaArtifactCacheMixin"),
-    "mm.expand": ("process_and_combine_mm_data", "MediaArtifactCacheMixin"),
+    "mm.resize_normalize": ("process_and_combine_mm_data", "MediaArtifactCacheMixin", "def dynamic_preprocess"),
+    "mm.expand": ("process_and_combine_mm_data", "MediaArtifactCacheMixin", "def dynamic_preprocess"),
 }
 """The per-family stages, and what the family's processor source must name for the generic hooks to
 see them (its ``process_mm_data_async``; the base processor's ``load_mm_data`` and
-``process_and_combine_mm_data``; Qwen-VL's artifact pipeline). ``model.vision_encoder`` needs the
+``process_and_combine_mm_data``; Qwen-VL's artifact pipeline; InternVL's own tiling, the one per-model
+hook). ``model.vision_encoder`` needs the
 model class to define ``get_image_feature``. Every other stage is the same for every model."""
 
 
@@ -690,8 +691,6 @@ def family_matrix(version: str, cache: Path | None = None) -> str:
     tree = Tree(WheelSource(wheel(version, cache)))
     fams = families()
     states = {name: family_stages(tree, fam.architecture) for name, fam in fams.items()}
-    for name, fam in fams.items():  # what the CPU server measured overrides the source's reading
-        states[name].update({stage: ("LOST", why) for stage, why in fam.lost.items()})
     stages = [*FAMILY_STAGES, "model.vision_encoder"]
     lines = [f"| stage (SGLang {version}) | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
     notes: list[str] = []

@@ -49,9 +49,6 @@ class Family:
     """Extra SGLang flags the family needs on the CPU server."""
     notes: str = ""
     """What differs from the published checkpoints (sizes aside), for the README's family table."""
-    lost: dict[str, str] = field(default_factory=dict)
-    """Stages SGLang's code for this family gives the plugin no seam for, and why: measured on the CPU
-    server (its records list them as ``unobserved``); ``doctor --matrix`` shows them."""
     image_tokens: dict[int, int] = field(default_factory=dict)
     """Image side (px, square) -> visual tokens, as the family's processor expands it (tests check it)."""
     shapes: tuple[str, ...] = ("tiny",)

@@ -251,9 +251,4 @@ FAMILY = Family(
         "drop_path_rate 0."
     ),
     image_tokens={256: 10 * TOKENS_PER_TILE, 512: 10 * TOKENS_PER_TILE},
-    lost={
-        stage: "SGLang's InternVL processor tiles, resizes and normalizes images itself and expands the"
-        " placeholders in its own code, not in the base processor's HF call: no generic seam"
-        for stage in ("mm.resize_normalize", "mm.expand")
-    },
 )

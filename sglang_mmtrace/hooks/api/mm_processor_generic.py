@@ -52,13 +52,14 @@ _tls = threading.local()
 class _MmReq:
     """One ``process_mm_data_async`` call (one request's images)."""
 
-    __slots__ = ("trace", "loaded", "t_combined", "split")
+    __slots__ = ("trace", "loaded", "t_combined", "split", "tiled")
 
     def __init__(self, trace: ApiTrace) -> None:
         self.trace = trace
         self.loaded: dict[int, tuple[int, int, int]] = {}  # id(loaded image) -> (bytes, width, height)
-        self.t_combined: float | None = None  # process_and_combine_mm_data_async returned on the EL
+        self.t_combined: float | None = None  # process_and_combine_mm_data_async (or the last tiling) returned
         self.split: tuple[float, float, dict[str, Any]] | None = None  # the PROC part of mm.expand
+        self.tiled: list[tuple[int, int]] = []  # (width, height) of each image InternVL tiled, in order
 
 
 class _Combine:
@@ -125,6 +126,26 @@ def _request_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
             req.trace.add("mm.expand", s0, s1, attrs)
     elif tail:
         req.trace.add("mm.expand", req.t_combined, t1)
+    if tail and req.tiled and not req.trace.images:
+        req.trace.images = _tiled_images(req.tiled, result)
+
+
+def _tiled_images(sizes: list[tuple[int, int]], output: Any) -> list[dict[str, Any]]:
+    """The record's ``images`` of a processor that tiles images itself (InternVL): sizes as tiled,
+    visual tokens from the output's image items, both in the request's order."""
+    items = [i for i in getattr(output, "mm_items", None) or () if getattr(i.modality, "name", None) == "IMAGE"]
+    if len(items) != len(sizes):
+        return []  # the pairing is unknown: claim nothing
+    return [
+        {
+            "width": w,
+            "height": h,
+            "visual_tokens": sum(e - s + 1 for s, e in (item.offsets or ())),
+            "bytes": 0,
+            "content_hash": "",
+        }
+        for (w, h), item in zip(sizes, items, strict=True)
+    ]
 
 
 def _gpu_stage(stage: str, t0: float, t1: float, ref: Any, end: Any, attrs: dict[str, Any]) -> None:
@@ -190,6 +211,21 @@ def _frames_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     trace = _trace()
     if trace is not None and exc is None:
         trace.add("mm.decode", t0, t1, {"modality": "video", "frames": len(arg(args, kwargs, 0, "indices") or ())})
+
+
+def _tiles_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """InternVL's own resize of one normalized image (or video frame) into 448 px tiles: its
+    ``mm.resize_normalize`` (a per-model hook: this family's processor calls no generic one). Its
+    placeholder expansion follows the last tiling, so ``mm.expand`` runs from there to the end."""
+    req = current_mm.get()
+    if req is None or exc is not None:
+        return
+    tensor = arg(args, kwargs, 0, "tensor")
+    shape = getattr(tensor, "shape", None)
+    req.trace.add("mm.resize_normalize", t0, t1, {"tiles": int(getattr(result, "shape", (0,))[0])})
+    if shape is not None and len(shape) == 3:
+        req.tiled.append((int(shape[2]), int(shape[1])))
+    req.t_combined = t1
 
 
 def _combine_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -320,6 +356,9 @@ HOOKS: dict[str, HookSpec] = {
     "mm_processor_generic.video_frames_tensor": interval(
         "mm_processor_generic.video_frames_tensor", _frames_exit, nvtx=_nv("mm.decode")
     ),
+    "mm_processor_generic.internvl_tiles": interval(
+        "mm_processor_generic.internvl_tiles", _tiles_exit, nvtx=_nv("mm.resize_normalize")
+    ),
     "mm_processor_generic.combine": interval("mm_processor_generic.combine", _combine_exit, _combine_enter),
     "mm_processor_generic.combine_async": interval("mm_processor_generic.combine_async", _combine_async_exit),
     # CUDA events bracket these calls: the enter step records the first, the exit step the second
@@ -337,6 +376,7 @@ READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
     "mm_processor_generic.load_decode": ((1, "modality"),),
     "mm_processor_generic.video_frames": ((0, "indices"),),
     "mm_processor_generic.video_frames_tensor": ((0, "indices"),),
+    "mm_processor_generic.internvl_tiles": ((0, "tensor"),),
     "mm_processor_generic.combine": ((0, "base_output"),),
     "mm_processor_generic.resize_normalize": ((1, "images"), (2, "videos")),
     "mm_processor_generic.cuda_ipc": ((0, "tensor"),),
