@@ -85,29 +85,40 @@ _CORPUS_FILES: tuple[str, ...] = (
     "json/decoder.py",
 )
 
-# Qwen3-VL style template: an image part renders as <|vision_start|><|image_pad|><|vision_end|>.
-# The words "image"/"video" in it also make SGLang pick its 'openai' (list) content format.
-CHAT_TEMPLATE: str = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}"
-    "{{- message['content'] }}"
-    "{%- elif message['content'] is not none %}"
-    "{%- for content in message['content'] %}"
-    "{%- if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{%- elif content['type'] == 'video' or 'video' in content %}"
-    "{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
-    "{%- elif 'text' in content %}"
-    "{{- content['text'] }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- endif %}"
+
+def chatml_template(image_part: str, video_part: str | None = None) -> str:
+    """A ChatML chat template (``<|im_start|>role ... <|im_end|>``) whose image parts render as
+    ``image_part`` (and video parts as ``video_part``): the Qwen-VL and InternVL families' shape.
+    The words "image"/"video" in it also make SGLang pick its 'openai' (list) content format."""
+    video = (
+        f"{{%- elif content['type'] == 'video' or 'video' in content %}}{{{{- '{video_part}' }}}}" if video_part else ""
+    )
+    return (
+        "{%- for message in messages %}"
+        "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+        "{%- if message['content'] is string %}"
+        "{{- message['content'] }}"
+        "{%- elif message['content'] is not none %}"
+        "{%- for content in message['content'] %}"
+        "{%- if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+        f"{{{{- '{image_part}' }}}}"
+        f"{video}"
+        "{%- elif 'text' in content %}"
+        "{{- content['text'] }}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- endif %}"
+        "{{- '<|im_end|>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}"
+        "{{- '<|im_start|>assistant\\n' }}"
+        "{%- endif %}"
+    )
+
+
+# Qwen3-VL: an image part renders as <|vision_start|><|image_pad|><|vision_end|>.
+CHAT_TEMPLATE: str = chatml_template(
+    "<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"
 )
 
 # Run-time keys transformers 5 writes into tokenizer_config.json; they are not configuration.

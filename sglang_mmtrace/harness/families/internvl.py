@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..random_model import ADDED_TOKENS as QWEN3_ADDED_TOKENS
-from ..random_model import FIRST_SPECIAL_ID
+from ..random_model import FIRST_SPECIAL_ID, chatml_template
 from . import TINY_TEXT, Family
 from ._tokenizer import assert_token_ids, qwen2_tokenizer, save_tokenizer
 
@@ -50,26 +50,7 @@ VISION: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 128, "num_hidd
 
 # ChatML with InternVL's "<image>\n" for an image part: what HF-side users render. The SGLang server
 # does not use it: it picks its built-in "internvl-2-5" conversation template by model_type.
-CHAT_TEMPLATE: str = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}"
-    "{{- message['content'] }}"
-    "{%- elif message['content'] is not none %}"
-    "{%- for content in message['content'] %}"
-    "{%- if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{{- '<image>\\n' }}"
-    "{%- elif 'text' in content %}"
-    "{{- content['text'] }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- endif %}"
-)
+CHAT_TEMPLATE: str = chatml_template("<image>\\n")
 
 
 def _llm_config() -> dict[str, Any]:
