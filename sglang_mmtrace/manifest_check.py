@@ -25,7 +25,7 @@ import re
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -318,21 +318,27 @@ LATE_FOLDERS: dict[str, str] = {
 """Where the classes of a manifest entry's ``applies_to`` live: SGLang's processors, its models."""
 
 
+def _classes(tree: Tree, folder: str, needle: str) -> Iterator[tuple[str, ast.ClassDef, str]]:
+    """(module, class, the module's source) of every top-level class in the ``.py`` files directly in
+    ``folder`` whose source contains ``needle`` (the other files are not parsed: most of them)."""
+    for rel in tree.source.files(folder):
+        text = tree.source.read(rel) or ""
+        if needle not in text:
+            continue
+        module = rel[: -len(".py")].replace("/", ".")
+        parsed = tree.module(module)
+        for node in parsed[1].body if parsed else ():
+            if isinstance(node, ast.ClassDef):
+                yield module, node, text
+
+
 def definers(tree: Tree, applies_to: str, method: str) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
     """``module.Class`` -> its own definition of ``method``, for every class in ``applies_to``'s folder."""
     out: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
-    for rel in tree.source.files(LATE_FOLDERS[applies_to]):
-        if f"def {method}(" not in (tree.source.read(rel) or ""):
-            continue  # most files: no need to parse them
-        module = rel[: -len(".py")].replace("/", ".")
-        parsed = tree.module(module)
-        if parsed is None:
-            continue
-        for node in parsed[1].body:
-            if isinstance(node, ast.ClassDef):
-                fn = _find(node.body, method)
-                if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
-                    out[f"{module}.{node.name}"] = fn
+    for module, node, _ in _classes(tree, LATE_FOLDERS[applies_to], f"def {method}("):
+        fn = _find(node.body, method)
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            out[f"{module}.{node.name}"] = fn
     return out
 
 
@@ -613,33 +619,17 @@ hook). ``model.vision_encoder`` needs the
 model class to define ``get_image_feature``. Every other stage is the same for every model."""
 
 
-def _class(tree: Tree, folder: str, name: str) -> tuple[str, ast.ClassDef, str] | None:
-    """(module, class, its source) of the class ``name`` in ``folder`` (first definition found)."""
-    for rel in tree.source.files(folder):
-        text = tree.source.read(rel) or ""
-        if f"class {name}" not in text:
-            continue
-        module = rel[: -len(".py")].replace("/", ".")
-        parsed = tree.module(module)
-        for node in parsed[1].body if parsed else ():
-            if isinstance(node, ast.ClassDef) and node.name == name:
-                return module, node, ast.get_source_segment(text, node) or ""
-    return None
+def _class(tree: Tree, folder: str, name: str) -> tuple[str, ast.ClassDef] | None:
+    """(module, class) of the class ``name`` in ``folder`` (first definition found)."""
+    return next(((m, n) for m, n, _ in _classes(tree, folder, f"class {name}") if n.name == name), None)
 
 
-def _processor_of(tree: Tree, architecture: str) -> tuple[str, ast.ClassDef, str] | None:
-    """The processor class whose ``models`` list names ``architecture`` (how SGLang picks it)."""
-    folder = LATE_FOLDERS["processor"]
-    for rel in tree.source.files(folder):
-        text = tree.source.read(rel) or ""
-        if architecture not in text:
-            continue
-        parsed = tree.module(rel[: -len(".py")].replace("/", "."))
-        for node in parsed[1].body if parsed else ():
-            if isinstance(node, ast.ClassDef) and re.search(
-                rf"models\s*=\s*\[[^\]]*\b{architecture}\b", ast.get_source_segment(text, node) or ""
-            ):
-                return _class(tree, folder, node.name)
+def _processor_of(tree: Tree, architecture: str) -> tuple[str, ast.ClassDef] | None:
+    """(module, class) of the processor whose ``models`` list names ``architecture`` (how SGLang picks it)."""
+    listed = re.compile(rf"models\s*=\s*\[[^\]]*\b{architecture}\b")
+    for module, node, text in _classes(tree, LATE_FOLDERS["processor"], architecture):
+        if listed.search(ast.get_source_segment(text, node) or ""):
+            return module, node
     return None
 
 
@@ -662,22 +652,26 @@ def family_stages(tree: Tree, architecture: str) -> dict[str, tuple[str, str]]:
     proc = _processor_of(tree, architecture)
     model = _class(tree, LATE_FOLDERS["model"], architecture)
     out: dict[str, tuple[str, str]] = {}
-    for stage, names in FAMILY_STAGES.items():
-        if proc is None:
-            out[stage] = ("LOST", f"no processor in {LATE_FOLDERS['processor']} lists {architecture}")
-            continue
-        module, node, _ = proc
-        text = _with_delegates(tree, module)
+    if proc is None:
+        out.update(
+            dict.fromkeys(FAMILY_STAGES, ("LOST", f"no processor in {LATE_FOLDERS['processor']} lists {architecture}"))
+        )
+    else:
+        module, node = proc
+        # what the processor's code names: its module and the processor modules it imports, the base
+        # class's process_mm_data_async where it inherits that, and its own bases
+        parts = [_with_delegates(tree, module), ast.unparse(node.bases)]
         base = tree.defining_base(module, node, "process_mm_data_async")
-        base_text = ""
         if base is not None and (found := tree.find(f"{base}.process_mm_data_async")) and not isinstance(found, str):
-            base_text = ast.unparse(found.node)
-        hit = any(n in text or n in base_text or n in ast.unparse(node.bases) for n in names)
-        out[stage] = ("ok", "") if hit else ("LOST", f"{node.name} does not use {' or '.join(names)}")
+            parts.append(ast.unparse(found.node))
+        text = "\n".join(parts)
+        for stage, names in FAMILY_STAGES.items():
+            hit = any(n in text for n in names)
+            out[stage] = ("ok", "") if hit else ("LOST", f"{node.name} does not use {' or '.join(names)}")
     if model is None:
         out["model.vision_encoder"] = ("LOST", f"no model class {architecture} in {LATE_FOLDERS['model']}")
     else:
-        module, node, _ = model
+        module, node = model
         own = _find(node.body, "get_image_feature") is not None
         ok = own or tree.defining_base(module, node, "get_image_feature") is not None
         out["model.vision_encoder"] = ("ok", "") if ok else ("LOST", f"{architecture} has no get_image_feature")

@@ -226,9 +226,9 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
             continue
         if spec.nvtx_only and nvtx.domain is None:
             continue  # a range only, and no tool to see it
+        part = registry.PART_OF[entry.hook_id]
+        enabled = switch.gate(part).enabled if part is not None else None
         if entry.applies_to is not None:
-            part = registry.PART_OF[entry.hook_id]
-            enabled = switch.gate(part).enabled if part is not None else None
             runtime.late.setdefault(entry.applies_to, []).append((entry, spec.make(entry.kind), enabled))
             continue
         res, why = check(entry)
@@ -243,8 +243,6 @@ def _apply_hooks(manifest: Manifest, role: str) -> None:
             if spec.install is not None:
                 runtime.uninstallers.append(spec.install(getattr(res.owner, res.attr)))
             else:
-                part = registry.PART_OF[entry.hook_id]
-                enabled = switch.gate(part).enabled if part is not None else None
                 runtime.applied.append(apply(entry.hook_id, entry.target, spec.make(entry.kind), enabled))
         except Exception as exc:
             runtime.missing.append((entry.hook_id, entry.target, f"apply failed: {exc!r}"))
@@ -267,18 +265,18 @@ def _rebind_captured(instance: Any, original: Any, hooked: Any) -> None:
 def apply_late(applies_to: str, cls: type, instance: Any = None) -> None:
     """Hook the manifest's ``applies_to`` entries onto ``cls`` (the processor SGLang built, the model it
     loaded): each on the class of ``cls``'s MRO that defines the method, once. A class that lacks the
-    method (a model with no ``get_video_feature``) is noted in ``runtime.missing``: the stages of that
-    entry are unobserved for this model, and ``doctor`` says so."""
+    method (a model with no ``get_video_feature``) is noted in ``runtime.missing``, as a target that
+    does not resolve is; its requests' records list what that costs them as ``unobserved``."""
     for entry, wrapper, enabled in runtime.late.get(applies_to, ()):
         owner = next((c for c in cls.__mro__ if entry.target in c.__dict__), None)
-        target = f"{cls.__module__}.{cls.__qualname__}.{entry.target}"
         if owner is None or getattr(owner.__dict__[entry.target], "__isabstractmethod__", False):
-            runtime.missing.append((entry.hook_id, target, f"{cls.__qualname__} has no {entry.target}"))
+            missing = f"{cls.__module__}.{cls.__qualname__}.{entry.target}"
+            runtime.missing.append((entry.hook_id, missing, f"{cls.__qualname__} has no {entry.target}"))
             continue
         target = f"{owner.__module__}.{owner.__qualname__}.{entry.target}"
         if any(a.target == target for a in runtime.applied):
             continue
-        res, why = check(replace(entry, target=target))
+        _, why = check(replace(entry, target=target))
         if why is not None:
             runtime.missing.append((entry.hook_id, target, why))
             telemetry.warn("hook %s -> %s not applied: %s", entry.hook_id, target, why)
