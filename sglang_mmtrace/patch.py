@@ -6,13 +6,12 @@ static or class method) with a wrapt-convention wrapper is replaced by a plain c
 wrapper so; anything else (a coroutine target with such a wrapper, an async generator, a target that
 is not a Python function) by a ``wrapt.FunctionWrapper``. A coroutine target's replacement stays a
 coroutine function to ``inspect`` (and on Python 3.11 to ``asyncio``). Why not wrapt everywhere: in a
-server a hook runs with cold CPU caches (SGLang's own work runs between two of its calls), and there
-wrapt's proxy objects cost more than the hook: per call, cold, a wrapt wrapper added 23 µs to an
-interval hook, the closure 13.5 µs and a ``Direct`` hook 12.2 µs (``benchmarks/cold_wrappers.py``); on
-the H200 the hooks' cold cost was most of the plugin's TTFT cost (``benchmarks/hotpath.py --cold``).
-The hook modules' ``Direct`` hooks are generated for their target (``call_shape``,
-``compile_replacement``): its own parameters instead of ``*args, **kwargs``, which halved a hooked
-call's cold cost again (``benchmarks/results/hotpath-exact-skeleton-cpu-20261205/``).
+server a hook runs with cold CPU caches (SGLang's own work runs between two of its calls), where
+every frame and object costs several times its warm price, and wrapt's proxy objects cost more than
+the hook's own work; the hooks' cold cost on the way to the first token is most of what the plugin
+adds to TTFT. The hook modules' ``Direct`` hooks are generated for their target (``call_shape``,
+``compile_replacement``): its own parameters instead of ``*args, **kwargs``, so a hooked call costs
+one plain call more. The reasoning is in docs/design/hot-path.md, the figures in docs/performance.md.
 All keep the signature (``__wrapped__``) and the switch's gate (``enabled``, tested before the hook runs).
 
 Functions that SGLang re-imports by name (``from mm_utils import wrap_shm_features``) are re-bound
@@ -127,7 +126,7 @@ class CallShape:
     Why generated: a replacement written as ``def hook(*args, **kwargs): ... func(*args, **kwargs)``
     packs a tuple and a dict on every call and calls its target through ``CALL_FUNCTION_EX``, which
     CPython 3.11 does not inline (a second run of the eval loop in C); with cold caches that costs
-    ~5-8 µs per hooked call, more than the hook's own work (``benchmarks/cold_wrappers.py``). A
+    more per hooked call than the hook's own work (see docs/design/hot-path.md). A
     replacement with the target's own parameters calls it as SGLang does, with the same values
     (a default is passed explicitly, as the object the target would have used).
     """
@@ -197,7 +196,7 @@ def call_shape(func: Callable[..., Any], bound: bool) -> CallShape:
 @functools.lru_cache(maxsize=256)
 def _compiled(source: str, filename: str) -> types.CodeType:
     """One compile per distinct source: ``Direct.__call__`` (a target wrapt holds, a test calling a hook
-    alone) builds its replacement on every call, where compiling each time would cost ~0.1 ms."""
+    alone) builds its replacement on every call, and compiling costs far more than the call."""
     return compile(source, filename, "exec")
 
 
@@ -224,9 +223,8 @@ class Direct:
 
     Why: in a server a hook runs with cold CPU caches, where every Python frame costs microseconds,
     and the closure ``hooked`` puts around a wrapt-convention wrapper is a second frame per call and
-    a bound method built per call (cold, an interval hook cost 13.5 µs per call that way, 12.2 µs built
-    in, and 8.1 against 4.2 µs with its gate closed; ``benchmarks/cold_wrappers.py``,
-    ``benchmarks/results/direct-hooks-cpu-20261203/``). Called with wrapt's ``(wrapped, instance, args, kwargs)``
+    a bound method built per call; built in, the hook is one frame, with its gate closed too (see
+    docs/design/hot-path.md). Called with wrapt's ``(wrapped, instance, args, kwargs)``
     it still works (a target ``hooked`` cannot replace by a function, a test calling the hook alone):
     ``build`` then gets a function of ``*args, **kwargs``, and a generated hook takes the star form.
     """
@@ -311,9 +309,9 @@ def follow(applied: Applied, among: Sequence[Applied] = ()) -> None:
     """Put a gated hook in place while its gate is on, the original SGLang function while it is off
     (``among``: the process's hooks, so that a hook held inside another on its target counts as in place).
 
-    Why: off by the switch, a hook left in place still costs its closure's frame on every call (~6 µs
-    per call with cold caches, ``benchmarks/cold_wrappers.py``), a cost the switch's same-instance
-    comparison could not see. Taken out, a switched-off target costs what an uninstrumented one does.
+    Why: off by the switch, a hook left in place still costs its frame on every call (with cold
+    caches, microseconds), a cost the switch's same-instance comparison could not see (its "off" arm
+    would pay it too). Taken out, a switched-off target costs what an uninstrumented one does.
     A reference SGLang took while the hook was in place (a dispatcher's bound method, an import made
     later) still reaches the hook, whose gate then calls the original directly."""
     if applied.enabled is not None and in_place(applied, among) != bool(applied.enabled):

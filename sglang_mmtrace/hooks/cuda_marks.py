@@ -3,11 +3,10 @@
 Why not ``torch.cuda.Event``: torch releases the GIL around each event call (record, query,
 elapsed_time). When another thread of the process wants the GIL at that moment (the API's event
 loop while an executor thread resizes images; SGLang's own threads in the scheduler), the hook's
-thread waits to get it back, up to the interpreter's 5 ms switch interval. On the H200 a pooled
-torch record took 1.8 µs alone and 5.1 ms with a second thread wanting the GIL; the same CUDA call
-through ``ctypes.PyDLL``, which keeps the GIL, 1.7 µs and 15 µs
-(``benchmarks/results/cuda-events-h200-20261130/``). Those hand-offs were most of the plugin's TTFT
-cost on the H200 (issue 11).
+thread waits to get it back, up to the interpreter's switch interval (``sys.getswitchinterval``):
+a call that costs microseconds alone can cost milliseconds then. The same CUDA call through
+``ctypes.PyDLL``, which keeps the GIL, stays in microseconds while another thread wants it
+(figures: docs/performance.md).
 
 So the hooks call the process's own CUDA runtime (the ``libcudart`` that torch loaded, found in
 ``/proc/self/maps``) through ``ctypes.PyDLL``, on the stream torch says is current. Events sit in a
@@ -18,16 +17,17 @@ holds an event, and nothing leaks. A failed call clears CUDA's last-error state 
 shared CUDA runtime is loaded, or CUDA is not in use in the process, there are no marks and the
 stages are host-timed.
 
-Each CUDA call costs 5-20 µs of CPU inside a serving process on the H200 (its code is cold there;
-2 µs in a loop), and a mark sat on the request's path made three of them: ``cudaStreamIsCapturing``,
-a first-lap ``cudaEventCreate``, ``cudaEventRecord`` (``benchmarks/results/marks-h200-20261201/``).
-So a mark asks CUDA whether its stream is capturing a graph only while torch is capturing one in
-this process (``CaptureWatch``: ``torch.cuda.CUDAGraph.capture_begin``/``capture_end``, through
-which ``torch.cuda.graph``, ``make_graphed_callables``, SGLang's graph runners and inductor
-capture), the ring's events are all created by the process's first mark (``CREATE_AHEAD``), and the
-callers take as few marks as their stages need (``scheduler/state.Clock``). A stage's start is then
-a host time where the device has a recent ``Reference`` (a mark whose host time is known): its end
-mark, placed on the host timeline by its GPU offset from that reference, is the stage's only mark.
+Each CUDA call costs CPU time inside a serving process, several times its price in a loop (its
+code is cold there), and a naive mark on the request's path makes three of them:
+``cudaStreamIsCapturing``, a first-lap ``cudaEventCreate``, ``cudaEventRecord``. So a mark asks
+CUDA whether its stream is capturing a graph only while torch is capturing one in this process
+(``CaptureWatch``: ``torch.cuda.CUDAGraph.capture_begin``/``capture_end``, through which
+``torch.cuda.graph``, ``make_graphed_callables``, SGLang's graph runners and inductor capture), the
+ring's events are all created by the process's first mark (``CREATE_AHEAD``), and the callers take
+as few marks as their stages need (``scheduler/state.Clock``). A stage's start is then a host time
+where the device has a recent ``Reference`` (a mark whose host time is known): its end mark, placed
+on the host timeline by its GPU offset from that reference, is the stage's only mark. See
+docs/design/hot-path.md.
 """
 
 from __future__ import annotations

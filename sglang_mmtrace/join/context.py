@@ -141,8 +141,8 @@ class ApiTrace:
     def add_gpu(self, name: str, t0: float, t1: float, attrs: dict[str, Any], ref: Any, end: int) -> None:
         """A stage whose GPU work ends at CUDA mark ``end``, placed on the host timeline by reference
         ``ref`` (``hooks.cuda_marks.Reference``), read by ``resolve_gpu`` when the request has finished:
-        off its path to the first token (a read is a CUDA call, 5-30 µs there), and by then the GPU has
-        long passed the mark."""
+        off its path to the first token (a read is a CUDA call, microseconds of its thread's CPU), and
+        by then the GPU has long passed the mark."""
         self.gpu_pending.append((name, t0, t1, attrs, ref, end))
 
     def read_sglang_notes(self) -> None:
@@ -224,7 +224,7 @@ def _unpack(obj: Any, names: tuple[str, ...], values: tuple) -> Any:
 
 
 def to_wire(trace: ApiTrace) -> tuple:
-    """Plain tuples of the trace and its HTTP exchange: pickled about five times faster than the objects.
+    """Plain tuples of the trace and its HTTP exchange: pickled much faster than the objects.
     The collector's ``from_wire`` gives back an ``ApiTrace`` whose event lists hold ``StageEvent``s."""
     http = trace.http
     return _pack(trace, _TRACE_WIRE), (None if http is None else _pack(http, _HTTP_WIRE))

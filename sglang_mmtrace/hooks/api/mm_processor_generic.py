@@ -28,10 +28,10 @@ because the ``cuda_ipc`` copies come between the two parts) and ``transport.prep
 (``cuda_ipc``: the pool slice copies, host-timed or marked the same way). On this path the TM
 computes no content hash (the scheduler hashes pixels), so ``images[].content_hash`` is empty.
 
-Why the API's marks are not the default: on the H200 they cost an image request ~0.2 ms of TTFT on
-the PROC thread, its critical path (the marks' own time and SGLang's processor slowed behind them),
-to move two stages' ends by their GPU tails, ~0.05 and ~0.02 ms of an ~8 ms processor call
-(``benchmarks/results/paired-probe-h200-20261204/``).
+Why the API's marks are not the default: they cost an image request TTFT on the PROC thread, its
+critical path (the marks' own time and SGLang's processor slowed behind them), more than the GPU tails
+they would add to two stages' ends, a small part of the processor call (figures:
+docs/performance.md).
 """
 
 from __future__ import annotations
@@ -309,8 +309,8 @@ def _events_start(instance: Any) -> Any:
     """With the API's GPU timing on (``SGLANG_MMTRACE_GPU_TIMING=all``), the reference that will place
     the call's end mark: the device's recent one (the call's start is then its host time, with no
     mark), else a mark taken now and made the device's reference; None (host-timed) otherwise. Each
-    mark is a CUDA call holding the GIL on a PROC thread (50-70 µs for the first after the GPU idled,
-    ``benchmarks/results/probe-h200-20261201/``), so most image requests make one per stage."""
+    mark is a CUDA call holding the GIL on a PROC thread (the first after the GPU idled costs the
+    most), so most image requests make one per stage."""
     if not (config.get().gpu_timing == "all" and switch.on("cuda_events")) or _trace() is None:
         return None
     marks = cuda_marks.device_marks(int(getattr(getattr(instance, "server_args", None), "base_gpu_id", 0) or 0))

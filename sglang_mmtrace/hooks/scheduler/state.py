@@ -59,9 +59,9 @@ class ReqTrace:
 class Clock:
     """Host timestamps, or CUDA event marks on the current stream when the forward runs on a GPU.
 
-    Each CUDA call costs 10-30 µs of the scheduler thread's CPU on the H200, the first after the GPU
-    idled the most (``benchmarks/results/marks-h200-20261201/``, ``record-cost-h200-20261203-2/``), so a
-    forward makes as few as its stages need. Marks are placed on the host timeline by their GPU offset
+    Each CUDA call costs the scheduler thread's CPU, the first after the GPU idled the most, and sits
+    on the request's way to its first token, so a forward makes as few as its stages need (see
+    docs/design/hot-path.md). Marks are placed on the host timeline by their GPU offset
     from a reference mark (``cuda_marks.Reference``). A forward that finds its device's reference
     recent (``Marks.reference``) adopts it, and its start (``start``) is then the host time at its
     launch, not a mark: only the stage ends cost CUDA calls. Otherwise its first mark becomes the
