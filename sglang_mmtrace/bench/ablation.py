@@ -72,7 +72,7 @@ def _diff(by: dict[int, dict[int, float]], hi: int, lo: int) -> dict[str, Any]:
 
 
 def ablation_summary(lines: list[dict[str, Any]], parts: Sequence[str] = PARTS) -> dict[str, Any]:
-    """Per part (and the whole stack) and kind: the paired difference to the level below, in µs."""
+    """Per part (and the whole stack) and kind: the paired difference to the level below, in microseconds."""
     by = {kind: _by_round(lines, kind) for kind in KINDS}
     rows = [
         {"part": part, "level": i, **{kind: _diff(by[kind], i, i - 1) for kind in KINDS}}

@@ -44,8 +44,8 @@ DEFAULT_N = {"overhead": 200, "ablation": 60, "overhead-crossover": 50, "resolut
 RESOLUTION_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
 RESOLUTION_ASPECTS = ("1:1", "16:9", "9:16")
 RESOLUTION_KINDS = ("new", "repeated")
-# The overhead experiments' images: 640x480 JPEG; resolution: JPEG (a 4 MP PNG takes ~1 s to
-# encode, 0.15 s as JPEG, and photos arrive as JPEG); the others: --size, 512x512 PNG.
+# The overhead experiments' images: 640x480 JPEG; resolution: JPEG (a large PNG takes several times
+# as long to encode as a JPEG, and photos arrive as JPEG); the others: --size, 512x512 PNG.
 OVERHEAD_SIZE = (640, 480)
 
 

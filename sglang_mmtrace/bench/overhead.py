@@ -6,7 +6,8 @@ Two ways to get the arms, one plan and one analysis:
   (``POST /mmtrace/enabled``) is flipped before each request, outside the timed region, and every
   request starts the same idle gap after the previous one ended (``switch_route``); ``keep_records``
   also waits, after a request with records on, until its record is built. Instance-to-instance
-  differences (5-15% of TTFT between two servers on the H200) cancel.
+  differences (two servers of one configuration can differ in TTFT by far more than the plugin's
+  cost) cancel.
 - ``overhead-crossover`` (installed vs not installed at all): two servers, ``SGLANG_MMTRACE=1`` and
   ``=0``, started one after the other and alive together; the server not being measured is paused
   (SIGSTOP) on a CPU. Launches alternate the orientation (which arm's server starts first); each
@@ -349,8 +350,8 @@ def paired_summary(lines: Iterable[dict[str, Any]], kind: str, arms: tuple[str, 
         "ttft_delta_median_ms": round(med_on - med_off, 3),
         "ttft_paired_delta_median_ms": round(float(np.median(delta)), 3),
         "ttft_paired_delta_ci95_ms": [round(lo, 3), round(hi, 3)],
-        # the paired delta as a share of the off median: on the H200 its same-instance A/A intervals held
-        # 0 where the ratio of medians' did not (benchmarks/results/overhead-control-h200-20261204)
+        # the paired delta as a share of the off median: pairing takes out the drift that both arms of
+        # a round share, so in an A/A control its interval holds 0 where the ratio of medians' may not
         "ttft_paired_delta_rel": round(float(np.median(delta)) / med_off, 5),
         "ttft_paired_delta_rel_ci95": [round(lo / med_off, 5), round(hi / med_off, 5)],
         "ttft_off_p90_ms": round(quantile(off, 0.9), 3),

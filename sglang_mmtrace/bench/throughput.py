@@ -12,12 +12,13 @@ stime from /proc) of the API process, the scheduler and detokenizer processes an
 collector, read at the window's ends. The tokens are those streamed inside the window
 (``streamed_in``: each request's first token at its client TTFT, its other tokens spread evenly up
 to its end), not the tokens of the requests that completed in it: clients that start together
-finish together, so a window held whole waves of requests (on the CPU server 64 clients' waves made
-a 28 s window read 73 or 146 tokens/s and nothing between). The CPU is
+finish together, so a window held whole waves of requests (counting completed requests, a window's
+tokens/s jumps between multiples of one wave's and reads nothing between). The CPU is
 per request the same way: per the share of each request's time that lies in the window. Per arm:
 tokens/s (mean over segments) and CPU milliseconds per request by process. The ratio on/off is the
 ratio of the arms' mean tokens/s, with a t interval over segment pairs; ``carryover`` separates a
-cost that shows one segment late (on the H200, most of it did: ``benchmarks/results/overhead-h200-20261201-3/``).
+cost that shows one segment late (a cost that arrives seconds after its request, such as batched
+export or garbage collections, is paid in the next segment, under the other arm).
 """
 
 from __future__ import annotations

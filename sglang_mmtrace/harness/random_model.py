@@ -5,7 +5,7 @@ special-token ids (SGLang's Qwen-VL code keys on them) with a locally trained by
 tokenizer. The ``tiny`` shape (2 layers of width 128) lets the real server run on CPU in tests.
 GPU timings depend on shapes, not on weight values, so ``qwen3-vl-2b`` and ``qwen3-vl-4b`` carry the
 published configurations of those checkpoints (layers, widths, heads, vision tower, deepstack
-layers) with random weights: an H200 run with them times the vision encoder and prefill a user
+layers) with random weights: a GPU run with them times the vision encoder and prefill a user
 of the real model sees. Builds are deterministic for a given seed, shape and library versions, and
 cached: a ``.complete`` marker written last tells a finished build from a partial.
 

@@ -200,7 +200,7 @@ class CpuServer:
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "--attention-backend", "torch_native",
-            # Without a cap SGLang sizes the KV cache from free RAM (GBs, ~20 s to allocate).
+            # Without a cap SGLang sizes the KV cache from free RAM (gigabytes, a long allocation).
             "--max-total-tokens", "65536",
             # SGLang sizes its request-to-token table as max running requests x context length; at
             # the model's own length (262144) that is a 2 GiB table zeroed at every start-up.

@@ -1,7 +1,7 @@
 """``report --chrome-trace``: the records as a Trace Event Format file (Perfetto, chrome://tracing).
 
 One track (pid) per SGLang process, one complete event (``"ph": "X"``) per stage per request, on
-one time base (``arrival_unix_s + start_s``, in µs from the first arrival). Slices on one thread
+one time base (``arrival_unix_s + start_s``, in microseconds from the first arrival, the format's unit). Slices on one thread
 must nest without partial overlap, but stages of one request overlap across processes and
 concurrent requests overlap in time; so each request gets its own thread lane(s) in each process,
 and a slice that would partly overlap another in its lane opens a further lane for that request.

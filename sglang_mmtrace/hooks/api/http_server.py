@@ -115,7 +115,7 @@ def _on_last_send(ctx: HttpCtx, message: dict, t: float) -> None:
     ctx.t_last_body = t
     ctx.gen_end = switch.generation
     if ctx.traces and runtime.collector is not None:
-        # Hand the exchange over now: SGLang's streaming app returns ~2 s after its last byte,
+        # Hand the exchange over now: SGLang's streaming app returns seconds after its last byte,
         # and the record should not wait for that (the ``finally`` below ships only the rest).
         runtime.collector.finish_http(ctx)
 
