@@ -1,8 +1,8 @@
 """Real-size family shapes (the published configs, random weights) and the GPU run that used them.
 
 The shapes are checked on the meta device (no weights are allocated): the parameter counts of the
-published checkpoints. The committed GPU results (``benchmarks/results/families-gpu-20261207``) are
-re-read through ``summarize_families.table``.
+published checkpoints. The committed GPU results (``RESULTS``) are re-read through
+``summarize_families.table``.
 """
 
 from __future__ import annotations

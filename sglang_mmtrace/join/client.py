@@ -93,8 +93,8 @@ class CollectorClient:
 
         Each handed-over trace lets go of its HTTP exchange (``trace.http``), which lists it
         (``http.traces``): without that cycle a request's objects are freed as soon as SGLang drops
-        them, instead of waiting as garbage for a collection (~20 objects per request that kept the
-        API process's garbage collector running more often)."""
+        them, instead of waiting as garbage for a collection (a request's objects left as garbage make
+        the API process's garbage collector run more often, on SGLang's event loop)."""
         out = []
         closed = []
         for trace in traces:
