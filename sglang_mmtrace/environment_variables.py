@@ -158,8 +158,8 @@ VARIABLES: tuple[Variable, ...] = (
         "1",
         "time GPU stages with CUDA events, read without stalling the hot path: 1 the scheduler's (vision "
         "encoder, embedding, prefill, sampling); all also the API process's (the fast image processor's "
-        "resize/normalize and the cuda_ipc copies, ~0.2 ms of an image request's TTFT on an H200 for "
-        "~0.07 ms of GPU tail; host-timed otherwise); 0 none",
+        "resize/normalize and the cuda_ipc copies, which add host time to an image request's TTFT for a "
+        "small GPU tail; host-timed otherwise); 0 none",
         _gpu_timing,
     ),
     Variable(

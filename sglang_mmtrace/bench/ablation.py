@@ -98,7 +98,7 @@ def _cell(c: dict[str, Any]) -> str:
 def ablation_markdown(s: dict[str, Any]) -> str:
     """``part | new image us [CI] | same image us [CI] | text us [CI]``, one row per part plus the whole stack."""
     lines = [
-        f"Incremental TTFT per part: median over {s['rounds']} rounds of TTFT(L_i) - TTFT(L_i-1), µs [bootstrap 95% CI]",
+        f"Incremental TTFT per part: median over {s['rounds']} rounds of TTFT(L_i) - TTFT(L_i-1), microseconds [bootstrap 95% CI]",
         "",
         "| part | new image us [CI] | same image us [CI] | text us [CI] |",
         "|---|---:|---:|---:|",
