@@ -10,6 +10,8 @@ from __future__ import annotations
 import operator
 
 _instruments = ("sglang >= 0.5.17, <= 0.5.23",)
+SUPPORTED_RANGE: str = _instruments[0]
+"""The supported range as one requirement string (``_instruments`` keeps OpenTelemetry's name and shape)."""
 SUPPORTED_VERSIONS = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PRIMARY_VERSION = "0.5.23"
 
@@ -21,7 +23,7 @@ def version_key(v: str) -> tuple[int, ...]:
     return tuple(int("".join(ch for ch in part if ch.isdigit()) or 0) for part in v.split("."))
 
 
-def requirement_clauses(requirement: str = _instruments[0]) -> list[tuple[str, str]]:
+def requirement_clauses(requirement: str = SUPPORTED_RANGE) -> list[tuple[str, str]]:
     """``"sglang >= 0.5.17, <= 0.5.23"`` -> ``[(">=", "0.5.17"), ("<=", "0.5.23")]``."""
     spec = requirement.split(None, 1)[1] if " " in requirement.strip() else ""
     out = []

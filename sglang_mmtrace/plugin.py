@@ -22,7 +22,7 @@ from .hooks.base import guarded
 from .manifest import HookEntry, Manifest
 from .manifest import load as load_manifest
 from .package import sglang_version
-from .patch import apply, follow, kind_of, resolve, unpatch
+from .patch import apply, follow, in_place, kind_of, resolve, unpatch
 from .sinks import nvtx
 
 logger = logging.getLogger("sglang_mmtrace")
@@ -162,6 +162,15 @@ def follow_switch() -> None:
             guarded("switch.follow", follow, a, applied)
 
 
+def hook_count() -> tuple[int, int]:
+    """[in place, applied] of this process's gated hooks (``switch.snapshot``'s ``hooks``)."""
+    gated = [a for a in runtime.applied if a.enabled is not None]
+    return sum(1 for a in gated if in_place(a, gated)), len(gated)
+
+
+switch.hook_count = hook_count
+
+
 def _start_collector(version: str) -> None:
     from .join.client import CollectorClient
 
@@ -289,6 +298,7 @@ def apply_late(applies_to: str, cls: type, instance: Any = None) -> None:
 
 
 runtime.apply_late = apply_late
+runtime.install = install
 
 
 _COLLECTOR_ENV = (

@@ -131,13 +131,19 @@ def current() -> Setting:
     return Setting(any(g.on for g in GATES.values()), tuple(n for n, g in GATES.items() if g.on))
 
 
-def snapshot() -> dict[str, Any]:
-    """This process's setting, and ``hooks``: [in place, applied] of its gated hooks (``patch.follow``;
-    set-up hooks are never taken out and not counted)."""
-    from . import runtime
-    from .patch import in_place
+def _no_hooks() -> tuple[int, int]:
+    """``hook_count`` before ``plugin`` is imported (the collector process): no hooks."""
+    return 0, 0
 
+
+hook_count: Callable[[], tuple[int, int]] = _no_hooks
+"""Set by ``plugin``: [in place, applied] of this process's gated hooks (``patch.follow``; set-up hooks
+are never taken out and not counted). A callback, because every hook imports this module: it reads
+none of the plugin's process state itself."""
+
+
+def snapshot() -> dict[str, Any]:
+    """This process's setting, and ``hooks``: ``hook_count()``."""
     s = current()
-    gated = [a for a in runtime.applied if a.enabled is not None]
-    placed = sum(1 for a in gated if in_place(a, gated))
-    return {"on": s.on, "parts": list(s.parts), "generation": generation, "hooks": [placed, len(gated)]}
+    placed, gated = hook_count()
+    return {"on": s.on, "parts": list(s.parts), "generation": generation, "hooks": [placed, gated]}

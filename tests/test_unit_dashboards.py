@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sglang_mmtrace.sinks.otlp import OtlpSink
 from sglang_mmtrace.sinks.prometheus import METRICS, PREFIX
-from sglang_mmtrace.stages import _CATALOGUE, ROOT, STAGES
+from sglang_mmtrace.stages import ROOT, STAGES
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -81,7 +81,7 @@ def test_queries_filter_by_model_and_instance():
 
 
 def test_breakdowns_stack_top_level_stages_in_catalogue_order():
-    top = [s.name for s in _CATALOGUE if s.parent == ROOT]
+    top = [s.name for s in STAGES.values() if s.parent == ROOT]
     assert top and all(STAGES[s].parent == ROOT for s in top)
     breakdowns = [p for t, p in _panels(_board()).items() if t.startswith("TTFT breakdown")]
     assert len(breakdowns) == 3, [p["title"] for p in breakdowns]  # mean, p50, p95

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_mmtrace.harness.random_model import SHAPES, _build_config, ensure_tiny_model, is_complete, main
+from sglang_mmtrace.harness.families import main
+from sglang_mmtrace.harness.random_model import SHAPES, _build_config, ensure_tiny_model, is_complete
 
 # Parameter counts the model cards publish (Qwen3-VL-2B-Instruct: 2.13B, -4B-Instruct: 4.44B).
 PUBLISHED = {"qwen3-vl-2b": 2.13e9, "qwen3-vl-4b": 4.44e9}

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sglang_mmtrace.sinks.prometheus import PREFIX  # noqa: E402
-from sglang_mmtrace.stages import _CATALOGUE  # noqa: E402
 from sglang_mmtrace.stages import ROOT as ROOT_STAGE  # noqa: E402
+from sglang_mmtrace.stages import STAGES  # noqa: E402
 
 OUT = ROOT / "dashboards" / "sglang-mmtrace.json"
 RANGE = "$__rate_interval"
@@ -57,12 +57,12 @@ def sglang_metric(name: str) -> str:
 
 def top_level_stages() -> list[str]:
     """Stages directly under the root, in catalogue order: they do not nest, so their stack adds up."""
-    return [s.name for s in _CATALOGUE if s.parent == ROOT_STAGE]
+    return [s.name for s in STAGES.values() if s.parent == ROOT_STAGE]
 
 
 def nested_stages() -> list[str]:
     """Stages inside a top-level one (image work inside ``tokenize``, the encoder inside ``model.forward``)."""
-    return [s.name for s in _CATALOGUE if s.parent not in (None, ROOT_STAGE)]
+    return [s.name for s in STAGES.values() if s.parent not in (None, ROOT_STAGE)]
 
 
 def regex(names: list[str]) -> str:

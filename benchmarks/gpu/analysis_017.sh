@@ -17,7 +17,7 @@ set -uo pipefail
 out=${1:?usage: analysis_017.sh OUTDIR [MODEL_DIR]}
 model=${2:-/tmp/${SHAPE:-tiny}-qwen3vl}
 mkdir -p "$out"
-python3 -m sglang_mmtrace.harness.random_model "$model" --shape "${SHAPE:-tiny}" || exit 3
+python3 -m sglang_mmtrace.harness.families "$model" --shape "${SHAPE:-tiny}" || exit 3
 flags="--model-path $model $SGLANG_GPU_FLAGS"
 mm() { python3 -m sglang_mmtrace.cli.main "$@"; }
 

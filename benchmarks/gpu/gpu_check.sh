@@ -30,7 +30,7 @@ python3 -c "import sglang, torch, importlib.metadata as m; print('sglang', m.ver
 FAMILY=${FAMILY:-qwen3-vl}; SHAPE=${SHAPE:-tiny}
 if [ "$FAMILY" = qwen3-vl ]; then MODEL=${MODEL:-/tmp/$SHAPE-qwen3vl}; else MODEL=${MODEL:-/tmp/$SHAPE-$FAMILY}; fi
 log "building $FAMILY $SHAPE into $MODEL"
-python3 -m sglang_mmtrace.harness.random_model "$MODEL" --family "$FAMILY" --shape "$SHAPE" || { log "model build failed"; exit 3; }
+python3 -m sglang_mmtrace.harness.families "$MODEL" --family "$FAMILY" --shape "$SHAPE" || { log "model build failed"; exit 3; }
 log "model ready: $(du -sh "$MODEL" | cut -f1)"
 FAMILY_FLAGS=$(python3 -c "import sys; from sglang_mmtrace.harness.families import families; print(' '.join(families()[sys.argv[1]].server_args))" "$FAMILY")
 export SGLANG_GPU_FLAGS="${SGLANG_GPU_FLAGS:-} $FAMILY_FLAGS ${EXTRA_FLAGS:-}"

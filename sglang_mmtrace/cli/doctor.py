@@ -41,7 +41,7 @@ from ..manifest_check import (
     render_readme,
     stage_states,
 )
-from ..package import PRIMARY_VERSION, SUPPORTED_VERSIONS, _instruments, in_supported_range, sglang_version
+from ..package import PRIMARY_VERSION, SUPPORTED_RANGE, SUPPORTED_VERSIONS, in_supported_range, sglang_version
 from ..sinks import nvtx
 from ..stages import STAGES
 
@@ -81,7 +81,7 @@ def _targets(version: str) -> int:
     supported = version in SUPPORTED_VERSIONS
     print(f"SGLang {version} ({'supported' if supported else f'unknown; using the {manifest.version} manifest'})")
     inside = in_supported_range(version)
-    print(f"supported range: {_instruments[0]} ({'inside' if inside else 'OUTSIDE: untested, hooks may not resolve'})")
+    print(f"supported range: {SUPPORTED_RANGE} ({'inside' if inside else 'OUTSIDE: untested, hooks may not resolve'})")
     if manifest.override:
         print(f"manifest: {manifest.override} (SGLANG_MMTRACE_MANIFEST)")
     source = installed_source(version)

@@ -9,14 +9,12 @@ layers) with random weights: a GPU run with them times the vision encoder and pr
 of the real model sees. Builds are deterministic for a given seed, shape and library versions, and
 cached: a ``.complete`` marker written last tells a finished build from a partial.
 
-    python -m sglang_mmtrace.harness.random_model OUT_DIR [--shape qwen3-vl-2b] [--device cuda]
-
-builds into OUT_DIR unless a finished build of that shape and seed is already there.
+Its command line is the family registry's (``python -m sglang_mmtrace.harness.families``), which sits
+above this module: Qwen3-VL is the family ``qwen3-vl`` there.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import os
@@ -131,13 +129,13 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "sglang-mmtrace"
 
 
-def _corpus() -> list[str]:
+def corpus() -> list[str]:
     """Text of the fixed stdlib files the tokenizer is trained on."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     return [(stdlib / rel).read_text(encoding="utf-8") for rel in _CORPUS_FILES]
 
 
-def _train_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
+def train_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Train a Qwen2-style byte-level BPE (4000 entries) and return its vocab and merges."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
@@ -158,7 +156,7 @@ def _train_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus(), trainer=trainer)
     model = json.loads(tok.to_str())["model"]
     vocab: dict[str, int] = model["vocab"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in model["merges"]]
@@ -167,12 +165,12 @@ def _train_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, [(a, b) for a, b in merges]
 
 
-def _build_tokenizer() -> Qwen2Tokenizer:
+def build_tokenizer() -> Qwen2Tokenizer:
     """Trained BPE + filler tokens up to 151642, then the 26 specials on their real ids."""
     from tokenizers import AddedToken
     from transformers import Qwen2Tokenizer
 
-    vocab, merges = _train_bpe()
+    vocab, merges = train_bpe()
     # Fillers are printable ASCII, so the byte-level decoder renders them if the random model
     # samples them; digits are split by the pre-tokenizer, so encoding never produces them.
     for i in range(BPE_VOCAB_SIZE, FIRST_SPECIAL_ID):
@@ -347,7 +345,7 @@ def _build_processor(tokenizer: Qwen2Tokenizer) -> Qwen3VLProcessor:
     )
 
 
-def _clean_tokenizer_config(out_dir: Path) -> None:
+def clean_tokenizer_config(out_dir: Path) -> None:
     """Drop run-time keys transformers 5 saves into tokenizer_config.json."""
     path = out_dir / "tokenizer_config.json"
     cfg = json.loads(path.read_text(encoding="utf-8"))
@@ -356,7 +354,7 @@ def _clean_tokenizer_config(out_dir: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _verify_saved(out_dir: Path) -> None:
+def verify_saved(out_dir: Path) -> None:
     """Reload from disk, as SGLang will, and re-check ids and the rendered image prompt."""
     from transformers import AutoProcessor
 
@@ -401,7 +399,7 @@ def build_qwen3vl(out_dir: Path, seed: int = 0, shape: str = "tiny", device: str
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MARKER_NAME).unlink(missing_ok=True)
 
-    tokenizer = _build_tokenizer()
+    tokenizer = build_tokenizer()
     processor = _build_processor(tokenizer)
 
     if device is None:
@@ -416,8 +414,8 @@ def build_qwen3vl(out_dir: Path, seed: int = 0, shape: str = "tiny", device: str
 
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
-    _clean_tokenizer_config(out_dir)
-    _verify_saved(out_dir)
+    clean_tokenizer_config(out_dir)
+    verify_saved(out_dir)
 
     (out_dir / MARKER_NAME).write_text(_marker(shape, seed) + "\n", encoding="utf-8")
     return out_dir
@@ -499,36 +497,3 @@ __all__ = [
     "ensure_tiny_model",
     "is_complete",
 ]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Build OUT_DIR (the GPU scripts' one way to get a model) unless a finished build is there.
-
-    ``--family`` (default ``qwen3-vl``, this module's) picks another harness family: its builder in
-    ``harness.families`` and its shapes (``tiny`` or a real size such as ``qwen2.5-vl-3b``).
-    """
-    ap = argparse.ArgumentParser(description="Build a random-weight VLM checkpoint offline (Qwen3-VL by default).")
-    ap.add_argument("out_dir", type=Path)
-    ap.add_argument("--family", default="qwen3-vl", help="a harness family (sglang_mmtrace.harness.families)")
-    ap.add_argument("--shape", default="tiny", help=f"tiny or a real size (qwen3-vl: {', '.join(sorted(SHAPES))})")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default=None, help="where to initialize the weights (default: see build_qwen3vl)")
-    args = ap.parse_args(argv)
-    if args.family != "qwen3-vl":
-        from .families import ensure_shape, families
-
-        if args.family not in families():
-            ap.error(f"unknown family {args.family!r}; one of {', '.join(families())}")
-        ensure_shape(args.family, args.out_dir, args.shape, args.seed, args.device)
-        print(f"{args.out_dir}: {(args.out_dir / MARKER_NAME).read_text(encoding='utf-8').strip()}")
-        return 0
-    if args.shape not in SHAPES:
-        ap.error(f"unknown shape {args.shape!r}; one of {', '.join(SHAPES)}")
-    if not is_complete(args.out_dir, args.seed, args.shape):
-        build_qwen3vl(args.out_dir, seed=args.seed, shape=args.shape, device=args.device)
-    print(f"{args.out_dir}: {_marker(args.shape, args.seed)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -309,6 +309,12 @@ def runtime() -> Runtime | None:
     return _runtime
 
 
+def absent() -> bool:
+    """Whether the runtime was looked for and none is usable: ``device_marks`` answers None for the
+    process's life (no CUDA runtime, or a CUDA build of torch without a GPU)."""
+    return _loaded and _runtime is None
+
+
 def device_marks(device: int | None = None) -> Marks | None:
     """The marks of ``device`` (default: the current one), or None while CUDA is not in use here."""
     global _ready, _runtime, _default

@@ -5,6 +5,7 @@ Pure functions: the collector calls them off the request path, and tests call th
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,4 +103,15 @@ def stage_dicts(events: Iterable[StageEvent], arrival: float) -> list[dict[str, 
         for e in events
     ]
     out.sort(key=lambda s: (s["start_s"], ORDER.get(s["name"], 999)))
+    return out
+
+
+def stage_totals(rec: dict[str, Any]) -> dict[str, float]:
+    """Seconds per stage name for one request (repeated stages, e.g. per image, are summed).
+
+    A ``skipped`` marker (the encoder the radix prefix made unnecessary) is no work: not counted."""
+    out: dict[str, float] = defaultdict(float)
+    for s in rec.get("stages", ()):
+        if not s.get("attrs", {}).get("skipped"):
+            out[s["name"]] += s["dur_s"]
     return out

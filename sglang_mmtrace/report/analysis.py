@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from ..join.record import stage_totals
 from ..stages import DISPLAY_ORDER, ROOT, STAGES
 
 
@@ -146,17 +147,6 @@ def group_records(
     for rec in records:
         out[group(rec)].append(rec)
     return dict(out)
-
-
-def stage_totals(rec: dict[str, Any]) -> dict[str, float]:
-    """Seconds per stage name for one request (repeated stages, e.g. per image, are summed).
-
-    A ``skipped`` marker (the encoder the radix prefix made unnecessary) is no work: not counted."""
-    out: dict[str, float] = defaultdict(float)
-    for s in rec.get("stages", ()):
-        if not s.get("attrs", {}).get("skipped"):
-            out[s["name"]] += s["dur_s"]
-    return out
 
 
 def parent_stages(names: Iterable[str]) -> set[str]:

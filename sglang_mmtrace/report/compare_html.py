@@ -23,18 +23,8 @@ from ..stages import DISPLAY_ORDER
 from .analysis import CACHES, format_ratio, group_records, is_ok, report_group
 from .colors import UNATTRIBUTED_COLOR, stage_color
 from .compare import CONFIDENCE, NO_CHANGE, SIDES, compare, format_ci, level
-from .html import (
-    BAR_W,
-    CACHE_LABELS,
-    CSS,
-    LABEL_W,
-    UNATTRIBUTED,
-    _attr,
-    _ms,
-    _swatch,
-    segment_rects,
-    stacked_segments,
-)
+from .html import BAR_W, CACHE_LABELS, CSS, LABEL_W, stacked_segments
+from .markup import UNATTRIBUTED, attr, ms, segment_rects, swatch
 
 TTFT = "TTFT"
 TTFT_COLOR = "#424242"
@@ -52,7 +42,7 @@ def _stack(side: str, segs: list[tuple[str, float]], scale: float, ttft_p50: flo
     tick = 50.0 + ttft_p50 * scale
     parts.append(
         f'<line class="ttft-tick" data-side="{side}" x1="{tick:.3f}" x2="{tick:.3f}" y1="{y - 2}" y2="{y + 22}" '
-        f'stroke="#000" stroke-width="2"/><text x="{max(x, tick) + 6:.3f}" y="{y + 15}">TTFT p50 {_ms(ttft_p50)}</text>'
+        f'stroke="#000" stroke-width="2"/><text x="{max(x, tick) + 6:.3f}" y="{y + 15}">TTFT p50 {ms(ttft_p50)}</text>'
     )
     return "".join(parts)
 
@@ -80,7 +70,7 @@ def _delta_chart(rows: list[tuple[str, dict[str, Any]]], ci_level: str) -> str:
                 f'<line x1="0" x2="{zero + DELTA_HALF_W}" y1="{y}" y2="{y}" stroke="#999" stroke-dasharray="4,3"/>'
             )
         parts.append(
-            f'<g class="delta-row" data-stage="{_attr(name)}" data-verdict="{_attr(d["verdict"])}" '
+            f'<g class="delta-row" data-stage="{attr(name)}" data-verdict="{attr(d["verdict"])}" '
             f'data-ms="{d["delta_p50"] * 1e3:.6f}" data-lo="{"" if ci is None else f"{ci[0] * 1e3:.6f}"}" '
             f'data-hi="{"" if ci is None else f"{ci[1] * 1e3:.6f}"}"><title>{escape(tip)}</title>'
             f'<text x="4" y="{y + 13}"{label_style}>{escape(name)}</text>'
@@ -115,9 +105,9 @@ def _cache_table(cache: dict[str, dict[str, Any]]) -> str:
 
 def _stage_table(stages: list[dict[str, Any]], ci_level: str) -> str:
     rows = "".join(
-        f"<tr{'' if s['leaf'] else CONTAINS_ROW}><td>{escape(s['stage'])}</td><td>{_ms(s['base_p50'])}</td><td>{_ms(s['new_p50'])}</td>"
-        f"<td>{s['delta_p50'] * 1e3:+.2f} ms</td><td>{escape(format_ci(s['ci']))}</td><td>{_ms(s['base_p95'])}</td>"
-        f"<td>{_ms(s['new_p95'])}</td><td>{s['present']['base']}/{s['present']['new']}</td>"
+        f"<tr{'' if s['leaf'] else CONTAINS_ROW}><td>{escape(s['stage'])}</td><td>{ms(s['base_p50'])}</td><td>{ms(s['new_p50'])}</td>"
+        f"<td>{s['delta_p50'] * 1e3:+.2f} ms</td><td>{escape(format_ci(s['ci']))}</td><td>{ms(s['base_p95'])}</td>"
+        f"<td>{ms(s['new_p95'])}</td><td>{s['present']['base']}/{s['present']['new']}</td>"
         f"<td>{escape(s['verdict'])}</td></tr>"
         for s in stages
     )
@@ -167,7 +157,7 @@ def render_compare_html(
         {s for by_side in segs.values() for ss in by_side.values() for s, _ in ss if s != UNATTRIBUTED},
         key=lambda n: DISPLAY_ORDER.get(n, 999),
     )
-    legend = "".join(_swatch(stage_color(s), s) for s in used) + _swatch(UNATTRIBUTED_COLOR, UNATTRIBUTED)
+    legend = "".join(swatch(stage_color(s), s) for s in used) + swatch(UNATTRIBUTED_COLOR, UNATTRIBUTED)
     blocks = []
     for name, g in comparison["groups"].items():
         t = g["ttft"]
@@ -176,9 +166,9 @@ def render_compare_html(
         )
         rows = [(TTFT, t), *((s["stage"], s) for s in g["stages"])]
         blocks.append(
-            f'<section class="group" data-group="{_attr(name)}"><h2>{escape(name)} '
+            f'<section class="group" data-group="{attr(name)}"><h2>{escape(name)} '
             f'<span class="muted">(n={g["n"]["base"]} vs {g["n"]["new"]})</span></h2>'
-            f"<div>TTFT p50 {_ms(t['base_p50'])} &rarr; {_ms(t['new_p50'])}: {t['delta_p50'] * 1e3:+.2f} ms "
+            f"<div>TTFT p50 {ms(t['base_p50'])} &rarr; {ms(t['new_p50'])}: {t['delta_p50'] * 1e3:+.2f} ms "
             f"{escape(format_ci(t['ci']))} <b>{escape(t['verdict'])}</b>; coverage median "
             f"{g['coverage_p50']['base']:.3f} &rarr; {g['coverage_p50']['new']:.3f}</div>"
             f'<h3>Where TTFT goes (p50 per stage, exclusive)</h3><svg class="sides" width="{BAR_W}" height="66" '
@@ -188,7 +178,7 @@ def render_compare_html(
             "</section>"
         )
     one_sided = "".join(
-        f'<li class="one-sided" data-group="{_attr(name)}" data-side="{side}">only in {SIDE_LABELS[side]}: '
+        f'<li class="one-sided" data-group="{attr(name)}" data-side="{side}">only in {SIDE_LABELS[side]}: '
         f"{escape(name)}</li>"
         for side in SIDES
         for name in comparison[f"only_{side}"]

@@ -19,7 +19,7 @@ from typing import Any
 from ..stages import DISPLAY_ORDER, STAGES
 from .analysis import parent_stages
 from .colors import UNATTRIBUTED_COLOR, stage_color
-from .html import _attr, _ms, _swatch, segment_rects
+from .markup import attr, ms, segment_color, segment_rects, swatch
 from .scaling import TTFT, format_slope, resolution_lines, resolution_summary
 from .tail import EXPERIMENT as TAIL_EXPERIMENT
 from .tail import MATES, UNATTRIBUTED, part_stage, tail_sentence, tail_summary
@@ -87,12 +87,12 @@ def line_chart(
         coords = " ".join(f"{px(x):.2f},{py(y):.2f}" for x, y in ps)
         dots = "".join(
             f'<circle class="pt" data-x="{x:g}" data-ms="{y * 1e3:.6f}" cx="{px(x):.2f}" cy="{py(y):.2f}" r="3" '
-            f'fill="{color}"><title>{escape(name)}: {x:g}, {_ms(y)}</title></circle>'
+            f'fill="{color}"><title>{escape(name)}: {x:g}, {ms(y)}</title></circle>'
             for x, y in ps
         )
         ly = 14 + 15 * i
         parts.append(
-            f'<g class="series" data-series="{_attr(name)}"><polyline points="{coords}" fill="none" stroke="{color}" '
+            f'<g class="series" data-series="{attr(name)}"><polyline points="{coords}" fill="none" stroke="{color}" '
             f'stroke-width="2"/>{dots}<line x1="{MARGIN_L + PLOT_W + 14}" x2="{MARGIN_L + PLOT_W + 34}" y1="{ly}" '
             f'y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{MARGIN_L + PLOT_W + 40}" y="{ly + 4}">'
             f"{escape(name)}</text></g>"
@@ -105,11 +105,11 @@ def line_chart(
 
 def _fit_table(fits: dict[str, Any]) -> str:
     rows = "".join(
-        f'<tr class="fit" data-stage="{_attr(stage)}" data-verdict="{_attr(f["megapixels"]["verdict"])}" '
+        f'<tr class="fit" data-stage="{attr(stage)}" data-verdict="{attr(f["megapixels"]["verdict"])}" '
         f'data-slope-ms-per-mp="{f["megapixels"]["slope"] * 1e3:.6f}"><td>{escape(stage)}</td>'
-        f"<td>{format_slope(f['megapixels'])}</td><td>{_ms(f['megapixels']['intercept'])}</td>"
+        f"<td>{format_slope(f['megapixels'])}</td><td>{ms(f['megapixels']['intercept'])}</td>"
         f"<td><b>{escape(f['megapixels']['verdict'])}</b></td><td>{format_slope(f['visual_tokens'])}</td>"
-        f"<td>{_ms(f['visual_tokens']['intercept'])}</td><td>{escape(f['visual_tokens']['verdict'])}</td></tr>"
+        f"<td>{ms(f['visual_tokens']['intercept'])}</td><td>{escape(f['visual_tokens']['verdict'])}</td></tr>"
         for stage, f in fits.items()
     )
     head = "".join(
@@ -129,10 +129,10 @@ def _percent(v: float | None) -> str:
 
 def _cells_table(cells: list[dict[str, Any]]) -> str:
     rows = "".join(
-        f'<tr data-shape="{c["width"]}x{c["height"]}" data-kind="{_attr(c["kind"])}"><td>{c["width"]}x{c["height"]}</td>'
+        f'<tr data-shape="{c["width"]}x{c["height"]}" data-kind="{attr(c["kind"])}"><td>{c["width"]}x{c["height"]}</td>'
         f"<td>{escape(c['kind'])}</td><td>{c['megapixels']:.3f}</td><td>{c['bytes']:.0f}</td>"
         f"<td>{_count(c['visual_tokens'])}</td><td>{c['records']}/{c['n']}</td>"
-        f"<td>{_ms(c['ttft_p50'])}</td><td>{_ms(c['ttft_p95'])}</td><td>"
+        f"<td>{ms(c['ttft_p50'])}</td><td>{ms(c['ttft_p95'])}</td><td>"
         + "; ".join(f"{escape(s)} {v['p50'] * 1e3:.2f}/{v['p95'] * 1e3:.2f}" for s, v in c["stages"].items())
         + "</td></tr>"
         for c in cells
@@ -178,7 +178,7 @@ def resolution_section(records: list[dict[str, Any]]) -> str:
     if not lines:
         return ""
     body = "".join(
-        f'<div class="target-group" data-target="{_attr(label or "")}">{_target_heading(label)}{_resolution_body(group)}</div>'
+        f'<div class="target-group" data-target="{attr(label or "")}">{_target_heading(label)}{_resolution_body(group)}</div>'
         for label, group in by_target(lines)
     )
     return (
@@ -207,7 +207,7 @@ def _resolution_body(lines: list[dict[str, Any]]) -> str:
         ]
         fits = summary["fits"].get(kind)
         blocks.append(
-            f'<div class="resolution-kind" data-kind="{_attr(kind)}"><h3>{escape(kind)} images: p50 per image shape</h3>'
+            f'<div class="resolution-kind" data-kind="{attr(kind)}"><h3>{escape(kind)} images: p50 per image shape</h3>'
             + line_chart(series, "megapixels", cls="lines resolution")
             + (_fit_table(fits) if fits else '<div class="muted">one image size: no fit</div>')
             + "</div>"
@@ -216,8 +216,7 @@ def _resolution_body(lines: list[dict[str, Any]]) -> str:
 
 
 def _part_color(part: str) -> str:
-    stage = part_stage(part)
-    return UNATTRIBUTED_COLOR if stage == UNATTRIBUTED else stage_color(stage)
+    return segment_color(part_stage(part))
 
 
 def _part_opacity(part: str) -> float:
@@ -230,7 +229,7 @@ def concurrency_section(records: list[dict[str, Any]]) -> str:
     if not groups:
         return ""
     body = "".join(
-        f'<div class="target-group" data-target="{_attr(label or "")}">{_target_heading(label)}'
+        f'<div class="target-group" data-target="{attr(label or "")}">{_target_heading(label)}'
         f"{_concurrency_body(summary)}</div>"
         for label, summary in groups
     )
@@ -268,10 +267,10 @@ def _concurrency_body(summary: dict[str, dict[str, Any]]) -> str:
             label = "median request" if side == "median" else f"slowest 5% (n={t['n']})"
             total = t["median_ttft"] if side == "median" else t["ttft_mean"]
             svg += [f'<text x="0" y="{y + 15}">{label}</text>', *rects]
-            svg.append(f'<text x="{end + 6:.3f}" y="{y + 15}">TTFT {_ms(total)}</text>')
+            svg.append(f'<text x="{end + 6:.3f}" y="{y + 15}">TTFT {ms(total)}</text>')
         growth = "".join(
-            f'<tr data-part="{_attr(r["part"])}"><td>{escape(r["part"])}</td><td>{_ms(r["median_s"])}</td>'
-            f"<td>{_ms(r['tail_s'])}</td><td>{r['growth_s'] * 1e3:+.2f} ms</td>"
+            f'<tr data-part="{attr(r["part"])}"><td>{escape(r["part"])}</td><td>{ms(r["median_s"])}</td>'
+            f"<td>{ms(r['tail_s'])}</td><td>{r['growth_s'] * 1e3:+.2f} ms</td>"
             f"<td>{_percent(r['share_of_growth'])}</td></tr>"
             for r in sorted(rows, key=lambda r: -r["growth_s"])
         )
@@ -280,7 +279,7 @@ def _concurrency_body(summary: dict[str, dict[str, Any]]) -> str:
             for s, b in t["batches"].items()
         )
         blocks.append(
-            f'<div class="tail" data-streams="{_attr(c)}"><h3>{escape(c)} stream{"" if c == "1" else "s"}</h3>'
+            f'<div class="tail" data-streams="{attr(c)}"><h3>{escape(c)} stream{"" if c == "1" else "s"}</h3>'
             f'<div class="sentence">{escape(tail_sentence(c, summary[c]))}</div>'
             f'<svg class="tail-bars" width="1000" height="62" role="img">{"".join(svg)}</svg>'
             f'<details><summary>parts (growth ranked)</summary><div class="muted">{batches}</div><table><tr><th>part</th>'
@@ -288,13 +287,13 @@ def _concurrency_body(summary: dict[str, dict[str, Any]]) -> str:
             "</table></details></div>"
         )
     ordered = sorted(used - {UNATTRIBUTED}, key=lambda s: DISPLAY_ORDER.get(s, 999))
-    legend = "".join(_swatch(stage_color(s), s) for s in ordered if s in STAGES) + _swatch(
+    legend = "".join(swatch(stage_color(s), s) for s in ordered if s in STAGES) + swatch(
         UNATTRIBUTED_COLOR, UNATTRIBUTED
     )
     table = "".join(
-        f'<tr data-streams="{_attr(c)}"><td>{escape(c)}</td><td>{lv["n"]}</td><td>{lv["records"]}</td>'
-        + "".join(f"<td>{_ms(lv[f'client_ttft_{q}'])}</td>" for q in PERCENTILE_COLORS)
-        + "".join(f"<td>{_ms(lv[f'ttft_{q}'])}</td>" for q in PERCENTILE_COLORS)
+        f'<tr data-streams="{attr(c)}"><td>{escape(c)}</td><td>{lv["n"]}</td><td>{lv["records"]}</td>'
+        + "".join(f"<td>{ms(lv[f'client_ttft_{q}'])}</td>" for q in PERCENTILE_COLORS)
+        + "".join(f"<td>{ms(lv[f'ttft_{q}'])}</td>" for q in PERCENTILE_COLORS)
         + "</tr>"
         for c, lv in summary.items()
     )

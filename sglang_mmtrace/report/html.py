@@ -34,8 +34,9 @@ from .analysis import (
     unattributed_s,
 )
 from .colors import PROCESS_COLORS, UNATTRIBUTED_COLOR, process_color, stage_color
+from .experiments_html import experiment_sections
+from .markup import UNATTRIBUTED, attr, ms, segment_rects, swatch
 
-UNATTRIBUTED = "unattributed"
 BAR_W = 1000  # px of the widest stacked bar
 LABEL_W = 230  # px for waterfall row labels
 ROW_H = 16
@@ -55,18 +56,6 @@ td:first-child,th:first-child{text-align:left}.legend span{display:inline-block;
 .sw{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px}
 svg text{font:11px system-ui,sans-serif;fill:#212121}details{margin:4px 0 10px}
 """
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.2f} ms"
-
-
-def _attr(value: Any) -> str:
-    return escape(str(value), quote=True)
-
-
-def _swatch(color: str, label: str) -> str:
-    return f'<span><i class="sw" style="background:{color}"></i>{escape(label)}</span>'
 
 
 def stacked_segments(recs: list[dict[str, Any]]) -> list[tuple[str, float]]:
@@ -99,37 +88,6 @@ def pick_requests(recs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]
     return out
 
 
-def segment_color(stage: str) -> str:
-    return UNATTRIBUTED_COLOR if stage == UNATTRIBUTED else stage_color(stage)
-
-
-def segment_rects(
-    segs: list[tuple[str, float]],
-    scale: float,
-    x: float,
-    y: float,
-    height: float,
-    data: str = "",
-    title: str = "",
-    color: Callable[[str], str] = segment_color,
-    opacity: Callable[[str], float] | None = None,
-) -> tuple[list[str], float]:
-    """One stacked bar: a ``seg`` rect per (stage, seconds) from ``x`` on, each ``data-stage`` and
-    ``data-ms`` (plus ``data``, extra attributes); returns the rects and where the bar ends.
-    Shared by the report's breakdown, the comparison's sides and the concurrency tail."""
-    parts = []
-    for stage, secs in segs:
-        w = max(secs * scale, 0.0)
-        fade = f' fill-opacity="{opacity(stage):g}"' if opacity is not None else ""
-        parts.append(
-            f'<rect class="seg" data-stage="{_attr(stage)}" data-ms="{secs * 1e3:.6f}"{data} x="{x:.3f}" y="{y}" '
-            f'width="{w:.3f}" height="{height}" fill="{color(stage)}"{fade} stroke="#fff" stroke-width="0.5">'
-            f"<title>{escape(title + stage)}: {_ms(secs)}</title></rect>"
-        )
-        x += w
-    return parts, x
-
-
 def _breakdown(name: str, recs: list[dict[str, Any]], scale: float, ttft_p50: float) -> str:
     parts, x = segment_rects(stacked_segments(recs), scale, 0.0, 4, 22)
     tick = ttft_p50 * scale
@@ -138,10 +96,10 @@ def _breakdown(name: str, recs: list[dict[str, Any]], scale: float, ttft_p50: fl
     )
     width = max(x, tick) + 260
     parts.append(
-        f'<text x="{max(x, tick) + 6:.3f}" y="19">TTFT p50 {_ms(ttft_p50)} (stack {_ms(x / scale if scale else 0.0)})</text>'
+        f'<text x="{max(x, tick) + 6:.3f}" y="19">TTFT p50 {ms(ttft_p50)} (stack {ms(x / scale if scale else 0.0)})</text>'
     )
     return (
-        f'<div class="bar" data-group="{_attr(name)}"><h3>{escape(name)} <span class="muted">(n={len(recs)})</span></h3>'
+        f'<div class="bar" data-group="{attr(name)}"><h3>{escape(name)} <span class="muted">(n={len(recs)})</span></h3>'
         f'<svg class="breakdown" width="{width:.0f}" height="30" role="img">{"".join(parts)}</svg></div>'
     )
 
@@ -155,13 +113,13 @@ def _waterfall(label: str, rec: dict[str, Any]) -> str:
         y = i * ROW_H
         depth = STAGES[s["name"]].depth if s["name"] in STAGES else 1
         attrs = ", ".join(f"{k}={v}" for k, v in (s.get("attrs") or {}).items())
-        tip = f"{s['name']} ({s.get('process')}): start {_ms(s['start_s'])}, {_ms(s['dur_s'])}" + (
+        tip = f"{s['name']} ({s.get('process')}): start {ms(s['start_s'])}, {ms(s['dur_s'])}" + (
             f"; {attrs}" if attrs else ""
         )
         x = LABEL_W + s["start_s"] * scale
         skipped = " (skipped)" if (s.get("attrs") or {}).get("skipped") else ""
         rows.append(
-            f'<g class="wf-row" data-stage="{_attr(s["name"])}" data-process="{_attr(s.get("process"))}">'
+            f'<g class="wf-row" data-stage="{attr(s["name"])}" data-process="{attr(s.get("process"))}">'
             f'<text x="{4 + 10 * depth}" y="{y + 12}">{escape(s["name"])}{skipped}</text>'
             f'<rect x="{x:.3f}" y="{y + 2}" width="{max(s["dur_s"] * scale, 1.0):.3f}" height="{ROW_H - 4}" '
             f'fill="{process_color(str(s.get("process")))}"><title>{escape(tip)}</title></rect></g>'
@@ -171,13 +129,13 @@ def _waterfall(label: str, rec: dict[str, Any]) -> str:
     rows.append(f'<line x1="{tick:.3f}" x2="{tick:.3f}" y1="0" y2="{height}" stroke="#000" stroke-dasharray="3,2"/>')
     cache = rec.get("cache") or {}
     head = (
-        f"{escape(label)}: rid <code>{escape(str(rec.get('rid')))}</code>, TTFT {_ms(rec['ttft_s'])}, "
+        f"{escape(label)}: rid <code>{escape(str(rec.get('rid')))}</code>, TTFT {ms(rec['ttft_s'])}, "
         f"coverage {rec.get('coverage', 0):.3f}, {len(rec.get('images') or [])} image(s), "
         f"tokens cached {rec.get('cached_tokens')}/{rec.get('prompt_tokens')}, "
         f"preprocess {escape(str(cache.get('preprocess')))}, embedding {escape(str(cache.get('embedding')))}"
     )
     return (
-        f'<div class="waterfall" data-rid="{_attr(rec.get("rid"))}" data-stages="{len(stages)}"><div>{head}</div>'
+        f'<div class="waterfall" data-rid="{attr(rec.get("rid"))}" data-stages="{len(stages)}"><div>{head}</div>'
         f'<svg width="{BAR_W + 10}" height="{height}" role="img">{"".join(rows)}</svg></div>'
     )
 
@@ -193,19 +151,19 @@ def _cache_row(name: str, cache: dict[str, dict[str, Any]]) -> str:
             f'<rect class="cache-bar" data-cache="{key}" data-ratio="{"" if ratio is None else f"{ratio:.6f}"}" '
             f'x="0" y="1" width="{fill:.2f}" height="12" fill="#43A047"/></svg> {escape(format_ratio(entry))}</td>'
         )
-    return f'<tr data-group="{_attr(name)}"><td>{escape(name)}</td>{"".join(cells)}</tr>'
+    return f'<tr data-group="{attr(name)}"><td>{escape(name)}</td>{"".join(cells)}</tr>'
 
 
 def _coverage_row(name: str, recs: list[dict[str, Any]], g: dict[str, Any]) -> str:
     lo = min(0.9, g["coverage_min"])
     dots = "".join(
         f'<circle class="cov-dot" cx="{(r["coverage"] - lo) / (1 - lo) * 300 + 5:.2f}" cy="8" r="3" '
-        f'fill="#1E88E5" fill-opacity="0.5"><title>{_attr(r.get("rid"))}: {r["coverage"]:.4f}</title></circle>'
+        f'fill="#1E88E5" fill-opacity="0.5"><title>{attr(r.get("rid"))}: {r["coverage"]:.4f}</title></circle>'
         for r in recs
     )
     return (
-        f'<tr data-group="{_attr(name)}"><td>{escape(name)}</td><td>{g["coverage_min"]:.3f}</td>'
-        f"<td>{g['coverage_p50']:.3f}</td><td>{_ms(g['unattributed_p50'])}</td>"
+        f'<tr data-group="{attr(name)}"><td>{escape(name)}</td><td>{g["coverage_min"]:.3f}</td>'
+        f"<td>{g['coverage_p50']:.3f}</td><td>{ms(g['unattributed_p50'])}</td>"
         f'<td><svg width="310" height="16"><line x1="5" x2="305" y1="8" y2="8" stroke="#ccc"/>{dots}</svg>'
         f' <span class="muted">{lo:.2f} … 1</span></td></tr>'
     )
@@ -238,11 +196,11 @@ def render_html(
         {s for recs in timed.values() for s, _ in stacked_segments(recs) if s != UNATTRIBUTED},
         key=lambda n: DISPLAY_ORDER.get(n, 999),
     )
-    legend = "".join(_swatch(stage_color(s), s) for s in used) + _swatch(UNATTRIBUTED_COLOR, UNATTRIBUTED)
+    legend = "".join(swatch(stage_color(s), s) for s in used) + swatch(UNATTRIBUTED_COLOR, UNATTRIBUTED)
     overview = "".join(
         f"<tr><td>{escape(n)}</td><td>{g['n']}</td><td>{g['failed']}</td>"
         + (
-            f"<td>{_ms(g['ttft_p50'])}</td><td>{_ms(g['ttft_p95'])}</td><td>{_ms(g['client_ttft_p50'])}</td>"
+            f"<td>{ms(g['ttft_p50'])}</td><td>{ms(g['ttft_p95'])}</td><td>{ms(g['client_ttft_p50'])}</td>"
             f"<td>{g['coverage_p50']:.3f}</td>"
             if g["n"]
             else "<td>-</td><td>-</td><td>-</td><td>-</td>"
@@ -252,20 +210,18 @@ def render_html(
     )
     breakdown = "".join(_breakdown(n, r, scale, summary[n]["ttft_p50"]) for n, r in timed.items())
     waterfalls = "".join(
-        f'<div class="wf-group" data-group="{_attr(n)}"><h3>{escape(n)}</h3>'
+        f'<div class="wf-group" data-group="{attr(n)}"><h3>{escape(n)}</h3>'
         + "".join(_waterfall(label, rec) for label, rec in pick_requests(r))
         + "</div>"
         for n, r in timed.items()
     )
-    process_legend = "".join(_swatch(c, p) for p, c in PROCESS_COLORS.items())
+    process_legend = "".join(swatch(c, p) for p, c in PROCESS_COLORS.items())
     cache_rows = "".join(_cache_row(n, summary[n]["cache"]) for n in timed)
     cache_head = "".join(f"<th>{escape(CACHE_LABELS[k])}</th>" for k in (*CACHES, "prefix_tokens"))
     coverage_rows = "".join(_coverage_row(n, r, summary[n]) for n, r in timed.items())
     stage_tables = "".join(
         f"<details><summary>{escape(n)}</summary>{_stage_table(summary[n])}</details>" for n in timed
     )
-    from .experiments_html import experiment_sections  # it builds on this module's bar helpers
-
     unattributed_total = sum(unattributed_s(r) for recs in timed.values() for r in recs)
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
@@ -273,7 +229,7 @@ def render_html(
 <body>
 <h1>{escape(title)}</h1>
 <div class="muted">{len(records)} records, {sum(len(r) for r in timed.values())} with a first token, {len(summary)} groups;
-generated {now}; total unattributed {_ms(unattributed_total)}</div>
+generated {now}; total unattributed {ms(unattributed_total)}</div>
 <section id="overview"><h2>Groups</h2>
 <table><tr><th>group</th><th>n</th><th>failed</th><th>TTFT p50</th><th>TTFT p95</th><th>client TTFT p50</th><th>coverage p50</th></tr>
 {overview}</table></section>

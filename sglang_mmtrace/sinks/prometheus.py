@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ..join.record import EmitContext
-from ..report.analysis import stage_totals
+from ..join.record import EmitContext, stage_totals
 from ..stages import STAGES
 from . import genai
 

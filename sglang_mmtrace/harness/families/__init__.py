@@ -6,11 +6,16 @@ processor with its real settings, chat template), small enough for the CPU serve
 one build per family, seed and builder version, as ``random_model.ensure_tiny_model`` does for
 Qwen3-VL (which is the family ``qwen3-vl`` here). A family may also list real-size ``shapes`` (the
 published configuration of a checkpoint, random weights) for GPU timing: ``ensure_shape`` builds one
-into a given folder, initialised on the GPU where there is one (``random_model --family F --shape S``).
+into a given folder, initialised on the GPU where there is one (``main``).
+
+    python -m sglang_mmtrace.harness.families OUT_DIR [--family qwen2.5-vl] [--shape qwen2.5-vl-3b] [--device cuda]
+
+builds into OUT_DIR unless a finished build of that family, shape and seed is already there.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,3 +140,26 @@ def ensure_family_model(name: str, cache_dir: Path | None = None, seed: int = 0)
         (out / MARKER_NAME).write_text(_marker(fam, seed) + "\n", encoding="utf-8")
 
     return cached_build(cache, f"tiny-{name.replace('.', '')}-seed{seed}", lambda d: is_complete(d, fam, seed), build)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build OUT_DIR (the GPU scripts' one way to get a model) unless a finished build is there.
+
+    ``--family`` (default ``qwen3-vl``) picks the family and ``--shape`` one of its shapes (``tiny`` or a
+    real size such as ``qwen3-vl-2b``).
+    """
+    ap = argparse.ArgumentParser(description="Build a random-weight VLM checkpoint offline (Qwen3-VL by default).")
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--family", default="qwen3-vl", help="a harness family (sglang_mmtrace.harness.families)")
+    ap.add_argument("--shape", default="tiny", help="tiny or a real size of the family (qwen3-vl-2b, qwen2.5-vl-3b)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None, help="where to initialize the weights (default: see ensure_shape)")
+    args = ap.parse_args(argv)
+    known = families()
+    if args.family not in known:
+        ap.error(f"unknown family {args.family!r}; one of {', '.join(known)}")
+    if args.shape not in known[args.family].shapes:
+        ap.error(f"unknown shape {args.shape!r}; one of {', '.join(known[args.family].shapes)}")
+    ensure_shape(args.family, args.out_dir, args.shape, args.seed, args.device)
+    print(f"{args.out_dir}: {(args.out_dir / MARKER_NAME).read_text(encoding='utf-8').strip()}")
+    return 0

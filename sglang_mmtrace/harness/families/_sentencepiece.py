@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..random_model import _corpus
+from ..random_model import corpus
 
 BYTE_TOKENS: tuple[str, ...] = tuple(f"<0x{b:02X}>" for b in range(256))
 """SentencePiece's byte-fallback pieces, in byte order."""
@@ -29,7 +29,7 @@ def train_pieces(size: int) -> tuple[list[str], list[tuple[str, str]]]:
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
     trainer = trainers.BpeTrainer(vocab_size=size, min_frequency=2, show_progress=False, special_tokens=[])
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus(), trainer=trainer)
     model = json.loads(tok.to_str())["model"]
     pieces = sorted(model["vocab"], key=model["vocab"].__getitem__)
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in model["merges"]]

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..random_model import BPE_VOCAB_SIZE, _clean_tokenizer_config, _train_bpe
+from ..random_model import BPE_VOCAB_SIZE, clean_tokenizer_config, train_bpe
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, Qwen2Tokenizer, TokenizersBackend
@@ -33,7 +33,7 @@ def padded_vocab(size: int, bpe_offset: int = 0, reserved: Mapping[int, str] | N
     """Ids ``0..size-1``: the trained BPE from ``bpe_offset``, ``reserved`` tokens on their ids,
     fillers everywhere else. Returns the vocabulary and the BPE merges."""
     reserved = dict(reserved or {})
-    bpe, merges = _train_bpe()
+    bpe, merges = train_bpe()
     if bpe_offset + BPE_VOCAB_SIZE > size or any(bpe_offset <= i < bpe_offset + BPE_VOCAB_SIZE for i in reserved):
         raise ValueError("reserved ids overlap the trained BPE, or it does not fit")
     vocab: Vocab = {tok: i + bpe_offset for tok, i in bpe.items()}
@@ -114,4 +114,4 @@ def assert_token_ids(tok: PreTrainedTokenizerBase, want: Mapping[str, int], mark
 def save_tokenizer(tok: PreTrainedTokenizerBase, out_dir: Path) -> None:
     """Save ``tok`` without the run-time keys transformers 5 writes into tokenizer_config.json."""
     tok.save_pretrained(out_dir)
-    _clean_tokenizer_config(out_dir)
+    clean_tokenizer_config(out_dir)

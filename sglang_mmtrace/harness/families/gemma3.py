@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..random_model import _clean_tokenizer_config, random_weights
+from ..random_model import clean_tokenizer_config, random_weights
 from . import TINY_TEXT, Family
 from ._checkpoint import nest_vision_model
 from ._sentencepiece import assert_ids, layout_vocab, train_pieces, write_bos_eos_flags
@@ -287,7 +287,7 @@ def build(out_dir: Path, seed: int, shape: str = "tiny", device: str | None = No
     model.save_pretrained(out_dir)
     nest_vision_model(out_dir)  # the published (and SGLang's) vision_tower.vision_model.* names
     processor.save_pretrained(out_dir)
-    _clean_tokenizer_config(out_dir)
+    clean_tokenizer_config(out_dir)
     write_bos_eos_flags(out_dir)
     _verify_saved(out_dir)
 

@@ -131,7 +131,7 @@ def build_processor(processor_class: str) -> ProcessorMixin:
     size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
     return getattr(transformers, processor_class)(
         image_processor=Qwen2VLImageProcessor(size=size, **common),
-        tokenizer=rm._build_tokenizer(),
+        tokenizer=rm.build_tokenizer(),
         video_processor=Qwen2VLVideoProcessor(**common),
         chat_template=rm.CHAT_TEMPLATE,
     )
@@ -167,8 +167,8 @@ def write_checkpoint(
     )
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
-    rm._clean_tokenizer_config(out_dir)
-    rm._verify_saved(out_dir)
+    rm.clean_tokenizer_config(out_dir)
+    rm.verify_saved(out_dir)
 
 
 def _build(out_dir: Path, seed: int) -> None:

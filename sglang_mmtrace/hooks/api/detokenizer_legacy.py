@@ -2,8 +2,9 @@
 
 0.5.17's ``run_detokenizer_process`` never calls ``load_plugins()``, so without help the
 ``detokenize`` hook is never applied there. In the main process the function handed to the
-detokenizer's ``mp.Process`` is replaced by ``functools.partial(detok_entry, original)``:
-``detok_entry`` is a module-level function, so spawn pickles it by reference; in the child it
+detokenizer's ``mp.Process`` is replaced by ``functools.partial(detok_entry, install, original)``
+(``install``: ``plugin.install``, from ``runtime``; hooks do not import ``plugin``, it imports them).
+Both are module-level functions, so spawn pickles them by reference; in the child ``detok_entry``
 installs the plugin in the detokenizer role (its hooks are then in place before the
 ``DetokenizerManager`` binds its handlers) and runs the original unchanged.
 
@@ -14,8 +15,11 @@ default argument, and pickling refuses a function whose module attribute was rep
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
+from ... import runtime
+from ...stages import DETOKENIZER
 from ...telemetry import contained
 from ..base import HookSpec, Wrapper, guarded
 
@@ -23,12 +27,10 @@ _ARG = "run_detokenizer_process_func"
 _POS = 2  # (server_args, port_args, run_detokenizer_process_func)
 
 
-def detok_entry(original: Any, *args: Any, **kwargs: Any) -> Any:
+def detok_entry(install: Callable[..., Any], original: Any, *args: Any, **kwargs: Any) -> Any:
     """Runs in the spawned detokenizer: install the plugin there, then the original entry."""
     try:
-        from ... import plugin
-
-        plugin.install(role=plugin.DETOKENIZER)
+        install(role=DETOKENIZER)
     except Exception as exc:  # never keep the detokenizer from starting
         contained("detokenizer_legacy.bootstrap", exc)
     return original(*args, **kwargs)
@@ -37,7 +39,7 @@ def detok_entry(original: Any, *args: Any, **kwargs: Any) -> Any:
 def _bootstrapped(func: Any) -> Any:
     if isinstance(func, functools.partial) and func.func is detok_entry:
         return func
-    return functools.partial(detok_entry, func)
+    return functools.partial(detok_entry, runtime.install, func)
 
 
 def _swap(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -85,10 +85,8 @@ class Clock:
         self.fwd_end: int | float | None = None
         """The end mark of the forward's first model call (``after_forward``)."""
         self._host: dict[int, float] | None = None
-        # Loaded and none (no CUDA runtime, or a GPU-less CUDA build): ``device_marks`` answers None for
-        # the process's life, so the CPU server's forwards ask no more.
-        no_cuda = cuda_marks._loaded and cuda_marks._runtime is None
-        if _cuda.on and not no_cuda and config.get().gpu_timing != "0":
+        # ``absent``: the CPU server's forwards ask ``device_marks`` no more.
+        if _cuda.on and not cuda_marks.absent() and config.get().gpu_timing != "0":
             marks = self.marks = cuda_marks.device_marks()
             if marks is not None:
                 self.ref = marks.reference(t_launch)
