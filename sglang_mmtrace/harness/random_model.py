@@ -497,3 +497,9 @@ __all__ = [
     "ensure_tiny_model",
     "is_complete",
 ]
+
+if __name__ == "__main__":
+    # The builder command moved with the family list (importing it here would close an import cycle).
+    raise SystemExit(
+        "the model builder is now: python -m sglang_mmtrace.harness.families OUT_DIR [--family F] [--shape S]"
+    )
