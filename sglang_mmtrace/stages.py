@@ -12,6 +12,40 @@ API = "api"
 SCHEDULER = "scheduler"
 DETOKENIZER = "detokenizer"
 
+# The stage names, one constant per catalogue entry, named after its stage (dots as underscores).
+# Code names a stage by its constant, never by a string literal (tests/test_unit_stage_names.py), so
+# a search for the constant finds every place that measures, files or reads the stage, and a misspelt
+# name fails at import. A module-level constant costs the hot path a global load, as a literal a
+# constant load: no per-call lookup.
+REQUEST = "request"
+HTTP_PARSE = "http.parse"
+OPENAI_CONVERT = "openai.convert"
+TOKENIZE = "tokenize"
+MM_PROCESS = "mm.process"
+MM_LOAD = "mm.load"
+MM_PREPROCESS_CACHE = "mm.preprocess_cache"
+MM_DECODE = "mm.decode"
+MM_RESIZE_NORMALIZE = "mm.resize_normalize"
+MM_EXPAND = "mm.expand"
+TRANSPORT_PREPARE = "transport.prepare"
+DISPATCH = "dispatch"
+SCHEDULER_INBOX_WAIT = "scheduler.inbox_wait"
+SCHEDULER_RECV = "scheduler.recv"
+SCHEDULER_QUEUE = "scheduler.queue"
+SCHEDULER_PREFIX_MATCH = "scheduler.prefix_match"
+SCHEDULER_BATCH = "scheduler.batch"
+MODEL_FORWARD = "model.forward"
+MODEL_VISION_ENCODER = "model.vision_encoder"
+MODEL_EMBED = "model.embed"
+MODEL_PREFILL = "model.prefill"
+MODEL_SAMPLE = "model.sample"
+SCHEDULER_OVERLAP_WAIT = "scheduler.overlap_wait"
+SCHEDULER_OUTPUT = "scheduler.output"
+DETOKENIZE_INBOX_WAIT = "detokenize.inbox_wait"
+DETOKENIZE = "detokenize"
+RESPONSE_INBOX_WAIT = "response.inbox_wait"
+RESPONSE_FIRST_CHUNK = "response.first_chunk"
+
 
 @dataclass(frozen=True, slots=True)
 class Stage:
@@ -27,6 +61,12 @@ class Stage:
     """When a record must have this stage, else it lists it as ``unobserved``: ``media`` (the request
     carried images, video or audio), ``media_new`` (and some item missed the preprocessing cache),
     ``encoder`` (and its embeddings were neither a cache hit nor in the radix prefix)."""
+    stored_by: tuple[str, ...] = ()
+    """The hooks (manifest hook ids) that take a time the stage is built from: around the call they
+    wrap, or read from SGLang's own notes. Empty for a stage the join builds from other stages' ends."""
+    emitted_by: tuple[str, ...] = ()
+    """Where the stage is filed as an event: hook ids, or a module of this package (``join.collector``)
+    that builds it from the stored times. Each one names the stage's constant in its code."""
 
     @property
     def group(self) -> str:
@@ -44,148 +84,288 @@ class Stage:
 
 _CATALOGUE: tuple[Stage, ...] = (
     Stage(
-        "request",
+        REQUEST,
         API,
         "root: request bytes arrived -> first streamed chunk written (server-side TTFT); offline Engine:"
         " generate call -> first output received",
-    ),
-    Stage("http.parse", API, "body read, JSON parse, validation", parent="request"),
-    Stage("openai.convert", API, "OpenAI request -> internal request, chat-template rendering", parent="request"),
-    Stage(
-        "tokenize", API, "TokenizerManager tokenization of the text (and, for VLMs, the processor)", parent="request"
+        stored_by=("http_server.app", "engine.generate", "engine.async_generate", "tokenizer_manager.batch_output"),
+        emitted_by=("join.collector",),
     ),
     Stage(
-        "mm.process",
+        HTTP_PARSE,
+        API,
+        "body read, JSON parse, validation",
+        parent=REQUEST,
+        stored_by=("http_server.app", "tokenizer_manager.init_req_state"),
+        emitted_by=("join.collector",),
+    ),
+    Stage(
+        OPENAI_CONVERT,
+        API,
+        "OpenAI request -> internal request, chat-template rendering",
+        parent=REQUEST,
+        stored_by=("openai_serving.convert", "tokenizer_manager.init_req_state"),
+        emitted_by=("join.collector",),
+    ),
+    Stage(
+        TOKENIZE,
+        API,
+        "TokenizerManager tokenization of the text (and, for VLMs, the processor)",
+        parent=REQUEST,
+        stored_by=("tokenizer_manager.tokenize",),
+        emitted_by=("tokenizer_manager.tokenize",),
+    ),
+    Stage(
+        MM_PROCESS,
         API,
         "the multimodal processor as a whole (process_mm_data_async)",
-        parent="tokenize",
+        parent=TOKENIZE,
         expected="media",
+        stored_by=("mm_processor_generic.request",),
+        emitted_by=("mm_processor_generic.request",),
     ),
     Stage(
-        "mm.load",
+        MM_LOAD,
         API,
         "per image: fetch or base64-decode, content hash",
-        parent="mm.process",
+        parent=MM_PROCESS,
         per_image=True,
         expected="media",
+        stored_by=("mm_processor.load", "mm_processor_generic.fetch", "mm_processor_generic.load_decode"),
+        emitted_by=("mm_processor.load", "mm_processor_generic.load_decode"),
     ),
     Stage(
-        "mm.preprocess_cache",
+        MM_PREPROCESS_CACHE,
         API,
         "preprocessing-artifact cache lookup (attr result: hit, miss, off)",
-        parent="mm.process",
+        parent=MM_PROCESS,
         per_image=True,
+        stored_by=("mm_processor.preprocess_cache",),
+        emitted_by=("mm_processor.preprocess_cache",),
     ),
     Stage(
-        "mm.decode",
+        MM_DECODE,
         API,
         "per image: PNG/JPEG decode",
-        parent="mm.process",
+        parent=MM_PROCESS,
         per_image=True,
         expected="media_new",
+        stored_by=(
+            "mm_processor.decode",
+            "mm_processor_generic.load_decode",
+            "mm_processor_generic.video_frames",
+            "mm_processor_generic.video_frames_tensor",
+        ),
+        emitted_by=(
+            "mm_processor.decode",
+            "mm_processor_generic.load_decode",
+            "mm_processor_generic.video_frames",
+            "mm_processor_generic.video_frames_tensor",
+        ),
     ),
     Stage(
-        "mm.resize_normalize",
+        MM_RESIZE_NORMALIZE,
         API,
         "resize, rescale, normalize (GPU-timed when it runs on the GPU)",
-        parent="mm.process",
+        parent=MM_PROCESS,
         gpu_timed=True,
         per_image=True,
         expected="media_new",
+        stored_by=(
+            "mm_processor.resize_normalize",
+            "mm_processor_generic.resize_normalize",
+            "mm_processor_generic.internvl_tiles",
+        ),
+        emitted_by=(
+            "mm_processor.resize_normalize",
+            "mm_processor_generic.resize_normalize",
+            "mm_processor_generic.internvl_tiles",
+        ),
     ),
     Stage(
-        "mm.expand",
+        MM_EXPAND,
         API,
         "placeholder expansion into visual positions, M-RoPE positions",
-        parent="mm.process",
+        parent=MM_PROCESS,
         expected="media",
+        stored_by=(
+            "mm_processor.expand",
+            "mm_processor_generic.combine",
+            "mm_processor_generic.combine_async",
+            "mm_processor_generic.internvl_tiles",
+            "mm_processor_generic.request",
+        ),
+        emitted_by=("mm_processor.expand", "mm_processor_generic.combine", "mm_processor_generic.request"),
     ),
     Stage(
-        "transport.prepare",
+        TRANSPORT_PREPARE,
         API,
         "feature hand-off preparation: shared memory (cpu), IPC handles (cuda_ipc)",
-        parent="dispatch",
+        parent=DISPATCH,
+        stored_by=("transport.wrap_shm_features", "mm_processor_generic.cuda_ipc", "mm_processor_generic.combine"),
+        emitted_by=("transport.wrap_shm_features", "mm_processor_generic.combine"),
     ),
-    Stage("dispatch", API, "send to the scheduler", parent="request"),
     Stage(
-        "scheduler.inbox_wait",
+        DISPATCH,
+        API,
+        "send to the scheduler",
+        parent=REQUEST,
+        stored_by=("tokenizer_manager.init_req_state",),
+        emitted_by=("join.context",),
+    ),
+    Stage(
+        SCHEDULER_INBOX_WAIT,
         SCHEDULER,
         "dispatched, waiting in the scheduler's socket while its loop is busy "
         "(joined: API send end -> scheduler receive start)",
-        parent="request",
+        parent=REQUEST,
         extra=True,
+        stored_by=(),
+        emitted_by=("join.collector",),
     ),
-    Stage("scheduler.recv", SCHEDULER, "receive, deserialize, materialize features", parent="request"),
-    Stage("scheduler.queue", SCHEDULER, "waiting until admitted to a prefill batch", parent="request"),
-    Stage("scheduler.prefix_match", SCHEDULER, "radix prefix match", parent="request"),
     Stage(
-        "scheduler.batch",
+        SCHEDULER_RECV,
+        SCHEDULER,
+        "receive, deserialize, materialize features",
+        parent=REQUEST,
+        stored_by=("scheduler.recv_requests", "schedule_batch.match"),
+        emitted_by=("batch_result.prefill",),
+    ),
+    Stage(
+        SCHEDULER_QUEUE,
+        SCHEDULER,
+        "waiting until admitted to a prefill batch",
+        parent=REQUEST,
+        stored_by=("schedule_batch.match", "scheduler.run_batch"),
+        emitted_by=("batch_result.prefill",),
+    ),
+    Stage(
+        SCHEDULER_PREFIX_MATCH,
+        SCHEDULER,
+        "radix prefix match",
+        parent=REQUEST,
+        stored_by=("schedule_batch.match", "scheduler.run_batch"),
+        emitted_by=("batch_result.prefill",),
+    ),
+    Stage(
+        SCHEDULER_BATCH,
         SCHEDULER,
         "prefill batch formation: admission, KV allocation, input preparation",
-        parent="request",
+        parent=REQUEST,
         batch=True,
         extra=True,
+        stored_by=("schedule_batch.match", "scheduler.run_batch"),
+        emitted_by=("batch_result.prefill",),
     ),
     Stage(
-        "model.forward",
+        MODEL_FORWARD,
         SCHEDULER,
         "the prefill forward of the batch holding the request, as the host sees it",
-        parent="request",
+        parent=REQUEST,
         batch=True,
         extra=True,
+        stored_by=("scheduler.run_batch",),
+        emitted_by=("batch_result.prefill",),
     ),
     Stage(
-        "model.vision_encoder",
+        MODEL_VISION_ENCODER,
         SCHEDULER,
         "vision encoder forward (GPU-timed); attr modality (image, video)",
-        parent="model.forward",
+        parent=MODEL_FORWARD,
         gpu_timed=True,
         batch=True,
         expected="encoder",
+        stored_by=("mm_embedding.vision_encoder", "mm_embedding.video_encoder"),
+        emitted_by=("batch_result.prefill",),
     ),
     Stage(
-        "model.embed",
+        MODEL_EMBED,
         SCHEDULER,
         "visual embedding injection into the LM input embeddings",
-        parent="model.forward",
+        parent=MODEL_FORWARD,
         gpu_timed=True,
         batch=True,
+        stored_by=("mm_embedding.prepare", "mm_embedding_legacy.embed"),
+        emitted_by=("batch_result.prefill",),
     ),
     Stage(
-        "model.prefill", SCHEDULER, "LM prefill forward (GPU-timed)", parent="model.forward", gpu_timed=True, batch=True
+        MODEL_PREFILL,
+        SCHEDULER,
+        "LM prefill forward (GPU-timed)",
+        parent=MODEL_FORWARD,
+        gpu_timed=True,
+        batch=True,
+        stored_by=("model_runner.forward",),
+        emitted_by=("batch_result.prefill",),
     ),
-    Stage("model.sample", SCHEDULER, "first-token sampling", parent="model.forward", gpu_timed=True, batch=True),
     Stage(
-        "scheduler.overlap_wait",
+        MODEL_SAMPLE,
+        SCHEDULER,
+        "first-token sampling",
+        parent=MODEL_FORWARD,
+        gpu_timed=True,
+        batch=True,
+        stored_by=("model_runner.sample",),
+        emitted_by=("batch_result.prefill",),
+    ),
+    Stage(
+        SCHEDULER_OVERLAP_WAIT,
         SCHEDULER,
         "forward done, result waiting while the overlap scheduler runs the next batch",
-        parent="request",
+        parent=REQUEST,
         batch=True,
         extra=True,
+        stored_by=("scheduler.run_batch", "model_runner.sample", "batch_result.prefill"),
+        emitted_by=("batch_result.prefill",),
     ),
     Stage(
-        "scheduler.output", SCHEDULER, "result processing and hand-off to the detokenizer", parent="request", batch=True
+        SCHEDULER_OUTPUT,
+        SCHEDULER,
+        "result processing and hand-off to the detokenizer",
+        parent=REQUEST,
+        batch=True,
+        stored_by=("batch_result.prefill", "batch_result.stream_output"),
+        emitted_by=("batch_result.prefill",),
     ),
     Stage(
-        "detokenize.inbox_wait",
+        DETOKENIZE_INBOX_WAIT,
         DETOKENIZER,
         "first token handed off, waiting for the detokenizer's loop (joined: scheduler hand-off end -> detokenize start)",
-        parent="request",
+        parent=REQUEST,
         extra=True,
+        stored_by=(),
+        emitted_by=("join.collector",),
     ),
-    Stage("detokenize", DETOKENIZER, "first output detokenized", parent="request", batch=True),
     Stage(
-        "response.inbox_wait",
+        DETOKENIZE,
+        DETOKENIZER,
+        "first output detokenized",
+        parent=REQUEST,
+        batch=True,
+        stored_by=("detokenizer.handle_batch",),
+        emitted_by=("detokenizer.handle_batch",),
+    ),
+    Stage(
+        RESPONSE_INBOX_WAIT,
         API,
         "detokenized, waiting for the API process's output loop (joined: detokenize end -> output received)",
-        parent="request",
+        parent=REQUEST,
         extra=True,
+        stored_by=(),
+        emitted_by=("join.collector",),
     ),
-    Stage("response.first_chunk", API, "first output received -> first chunk written to the socket", parent="request"),
+    Stage(
+        RESPONSE_FIRST_CHUNK,
+        API,
+        "first output received -> first chunk written to the socket",
+        parent=REQUEST,
+        stored_by=("http_server.app", "tokenizer_manager.batch_output"),
+        emitted_by=("join.collector",),
+    ),
 )
 
 STAGES: dict[str, Stage] = {s.name: s for s in _CATALOGUE}
-ROOT = "request"
+ROOT = REQUEST
 ORDER: dict[str, int] = {s.name: i for i, s in enumerate(_CATALOGUE)}
 
 

@@ -14,11 +14,11 @@ from typing import Any
 
 from ..report.analysis import format_ms as _ms
 from ..report.analysis import quantile, summarize
-from ..stages import ROOT, STAGES
+from ..stages import MODEL_VISION_ENCODER, ROOT, SCHEDULER_QUEUE, STAGES
 from .stats import bootstrap_quantile_ci
 
 _PARENTS = {s.parent for s in STAGES.values() if s.parent}
-QUEUE = "scheduler.queue"
+QUEUE = SCHEDULER_QUEUE
 
 
 def is_leaf(stage: str) -> bool:
@@ -28,7 +28,7 @@ def is_leaf(stage: str) -> bool:
 def encoder_ran(rec: dict[str, Any]) -> bool:
     """The vision encoder actually ran (a prefix-cache hit records the stage with ``skipped``)."""
     return any(
-        s["name"] == "model.vision_encoder" and not (s.get("attrs") or {}).get("skipped") for s in rec.get("stages", ())
+        s["name"] == MODEL_VISION_ENCODER and not (s.get("attrs") or {}).get("skipped") for s in rec.get("stages", ())
     )
 
 

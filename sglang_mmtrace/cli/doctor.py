@@ -43,12 +43,12 @@ from ..manifest_check import (
 )
 from ..package import PRIMARY_VERSION, SUPPORTED_RANGE, SUPPORTED_VERSIONS, in_supported_range, sglang_version
 from ..sinks import nvtx
-from ..stages import STAGES
+from ..stages import SCHEDULER_OVERLAP_WAIT, STAGES
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 CONNECT_TIMEOUT_S = 1.0
 GAP_STAGES = {
-    "scheduler.overlap_wait": "the gap from the forward's end to this call's start (only when the overlap "
+    SCHEDULER_OVERLAP_WAIT: "the gap from the forward's end to this call's start (only when the overlap "
     "scheduler delays the result)",
 }
 """Stages a hook measures as the gap between two points rather than as the wrapped call itself."""

@@ -24,7 +24,27 @@ from typing import Any, Protocol
 
 from .. import switch, telemetry
 from ..config import Config
-from ..stages import API, ROOT, unobserved
+from ..stages import (
+    API,
+    DETOKENIZE,
+    DETOKENIZE_INBOX_WAIT,
+    DETOKENIZER,
+    DISPATCH,
+    HTTP_PARSE,
+    MODEL_EMBED,
+    MODEL_VISION_ENCODER,
+    OPENAI_CONVERT,
+    RESPONSE_FIRST_CHUNK,
+    RESPONSE_INBOX_WAIT,
+    ROOT,
+    SCHEDULER,
+    SCHEDULER_INBOX_WAIT,
+    SCHEDULER_OUTPUT,
+    SCHEDULER_PREFIX_MATCH,
+    SCHEDULER_RECV,
+    TRANSPORT_PREPARE,
+    unobserved,
+)
 from . import ipc
 from .context import ApiTrace, HttpCtx, from_wire
 from .record import EmitContext, StageEvent, coverage, merge_chunks, stage_dicts
@@ -48,7 +68,7 @@ last body byte, right after its last remote stage."""
 ORPHAN_MAX = 100_000
 """Rids with pending events, finished or not: beyond this the oldest are dropped (a memory bound)."""
 DONE_MEMORY = 4096
-LAST_REMOTE_STAGES = ("scheduler.output", "detokenize")
+LAST_REMOTE_STAGES = (SCHEDULER_OUTPUT, DETOKENIZE)
 MAX_WAIT_S = 60.0
 """A finished request's record waits for its last remote stages, or until the collector has read
 every live peer's messages sent after the request ended, and never longer than this."""
@@ -494,8 +514,8 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
             if trace.t_created > c1:
                 # Until the TokenizerManager holds the internal request: includes the executor's return hop.
                 end, attrs["converted_s"] = trace.t_created, round(c1 - start, 9)
-            events.append(StageEvent("openai.convert", API, start, end, "host", attrs))
-        events.append(StageEvent("http.parse", API, arrival, http.t_handle or trace.t_created))
+            events.append(StageEvent(OPENAI_CONVERT, API, start, end, "host", attrs))
+        events.append(StageEvent(HTTP_PARSE, API, arrival, http.t_handle or trace.t_created))
     events.extend(trace.events)
     joined = _join_stages(trace, remote)  # completes the remote events it joins (clamps, attrs)
     events.extend(remote)
@@ -511,18 +531,18 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     if trace.t_first_output is not None and t_first is not None and status != "error":
         ttft = t_first - arrival
         if http is not None and t_first > trace.t_first_output:
-            events.append(StageEvent("response.first_chunk", API, trace.t_first_output, t_first))
+            events.append(StageEvent(RESPONSE_FIRST_CHUNK, API, trace.t_first_output, t_first))
         events.append(StageEvent(ROOT, API, arrival, t_first))
     t_end = (http.t_last_body if http is not None else None) or trace.t_finished
     stages = stage_dicts(merge_chunks(events), arrival)
     attributed, cov = coverage(stages, ttft)
 
-    prefix = next((e.attrs for e in remote if e.name == "scheduler.prefix_match"), None)
+    prefix = next((e.attrs for e in remote if e.name == SCHEDULER_PREFIX_MATCH), None)
     prompt_tokens = prefix.get("prompt_tokens") if prefix else trace.meta_prompt_tokens
     cached_tokens = prefix.get("cached_tokens") if prefix else trace.meta_cached_tokens
     image_prefix_hit = bool(prefix.get("image_prefix_hit")) if prefix else False
-    vit = [e for e in remote if e.name == "model.vision_encoder" and not e.attrs.get("skipped")]
-    emb_states = {e.attrs.get("embedding_cache") for e in remote if e.name in ("model.embed", "model.vision_encoder")}
+    vit = [e for e in remote if e.name == MODEL_VISION_ENCODER and not e.attrs.get("skipped")]
+    emb_states = {e.attrs.get("embedding_cache") for e in remote if e.name in (MODEL_EMBED, MODEL_VISION_ENCODER)}
     emb_states.discard(None)
     embedding = _embedding_outcome(bool(vit), emb_states)
     preprocess = ("miss" if "miss" in trace.preprocess else "hit") if trace.preprocess else "off"
@@ -574,7 +594,7 @@ def _first(events: list[StageEvent], name: str) -> StageEvent | None:
     return next((e for e in events if e.name == name), None)
 
 
-JOINED_STAGES = ("scheduler.inbox_wait", "detokenize.inbox_wait", "response.inbox_wait")
+JOINED_STAGES = (SCHEDULER_INBOX_WAIT, DETOKENIZE_INBOX_WAIT, RESPONSE_INBOX_WAIT)
 """The stages ``_join_stages`` builds (no hook measures them; the README's stage table says so)."""
 
 
@@ -589,18 +609,18 @@ def _join_stages(trace: ApiTrace, remote: list[StageEvent]) -> list[StageEvent]:
     """
     api, t_first_output = trace.events, trace.t_first_output
     out = []
-    dispatch, recv = _first(api, "dispatch"), _first(remote, "scheduler.recv")
+    dispatch, recv = _first(api, DISPATCH), _first(remote, SCHEDULER_RECV)
     if recv is not None and trace.transport_bytes and trace.transport_mode:
         recv.attrs = {**recv.attrs, "mode": trace.transport_mode, "bytes": int(trace.transport_bytes)}
     if dispatch is not None and recv is not None:
-        prepared = _first(api, "transport.prepare")
+        prepared = _first(api, TRANSPORT_PREPARE)
         sent_after = max(dispatch.t0, prepared.t1 if prepared is not None else dispatch.t0)
         if recv.t0 < sent_after <= recv.t1:
             recv.attrs = {**recv.attrs, "poll_started_s": round(sent_after - recv.t0, 9)}
             recv.t0 = sent_after
         if recv.t0 > dispatch.t1:
-            out.append(StageEvent("scheduler.inbox_wait", "scheduler", dispatch.t1, recv.t0))
-    output, detok = _first(remote, "scheduler.output"), _first(remote, "detokenize")
+            out.append(StageEvent(SCHEDULER_INBOX_WAIT, SCHEDULER, dispatch.t1, recv.t0))
+    output, detok = _first(remote, SCHEDULER_OUTPUT), _first(remote, DETOKENIZE)
     received = detok.t0 if detok is not None else t_first_output
     if output is not None and received is not None and output.t0 <= received < output.t1:
         # The hand-off was sent before the next process received it: stream_output may still be
@@ -608,9 +628,9 @@ def _join_stages(trace: ApiTrace, remote: list[StageEvent]) -> list[StageEvent]:
         output.attrs = {**output.attrs, "after_send_s": round(output.t1 - received, 9)}
         output.t1 = received
     if output is not None and detok is not None and detok.t0 > output.t1:
-        out.append(StageEvent("detokenize.inbox_wait", "detokenizer", output.t1, detok.t0))
+        out.append(StageEvent(DETOKENIZE_INBOX_WAIT, DETOKENIZER, output.t1, detok.t0))
     if detok is not None and t_first_output is not None and t_first_output > detok.t1:
-        out.append(StageEvent("response.inbox_wait", "api", detok.t1, t_first_output))
+        out.append(StageEvent(RESPONSE_INBOX_WAIT, API, detok.t1, t_first_output))
     return out
 
 

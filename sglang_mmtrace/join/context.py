@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from .. import switch
-from ..stages import API
+from ..stages import API, DISPATCH
 from .record import StageEvent
 
 now = time.perf_counter
@@ -167,7 +167,7 @@ class ApiTrace:
         if sent:
             self.dispatched = True
             if 0.0 < t0 <= t1:
-                self.add("dispatch", t0, t1)
+                self.add(DISPATCH, t0, t1)
 
     def resolve_gpu(self) -> None:
         """File the stages ``add_gpu`` held: from the host call's start to the later of its return and

@@ -30,9 +30,10 @@ import time
 from typing import Any
 
 from .. import switch, telemetry
+from ..stages import SCHEDULER_OUTPUT
 
 HEARTBEAT_INTERVAL_S = 0.5
-FLUSH_STAGES = frozenset({"scheduler.output"})
+FLUSH_STAGES = frozenset({SCHEDULER_OUTPUT})
 """Emitted last for its requests, after SGLang handed their output on: sends the queue right away."""
 
 Event = tuple[Any, str, float, float, str, dict[str, Any]]

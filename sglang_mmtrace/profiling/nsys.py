@@ -20,14 +20,14 @@ from typing import Any
 
 from ..report.analysis import quantile
 from ..sinks.nvtx import DOMAIN
-from ..stages import DISPLAY_ORDER, STAGES
+from ..stages import DISPLAY_ORDER, MODEL_EMBED, MODEL_PREFILL, MODEL_VISION_ENCODER, STAGES
 
 PUSH_POP, START_END, DOMAIN_CREATE = 59, 60, 75
 """``NVTX_EVENTS.eventType`` values of Nsight Systems' sqlite schema."""
 GPU_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 _DETAIL = re.compile(r"^(?P<stage>\S+)(?: (?:rid=(?P<rid>\S+)|n=\d+ rids=(?P<rids>\S+)|.*))?$")
 
-GPU_COMPARED = ("model.vision_encoder", "model.prefill")
+GPU_COMPARED = (MODEL_VISION_ENCODER, MODEL_PREFILL)
 """Stages whose CUDA-event durations the report can check: one push/pop range around the launches."""
 REL_TOL, ABS_TOL_S = 0.10, 50e-6
 
@@ -151,7 +151,7 @@ def compare(ranges: list[Range], records: Iterable[dict[str, Any]]) -> list[Agre
     ``model.vision_encoder``/``model.embed`` range counts for it.
     """
     by_rid = {r["rid"]: r for r in records}
-    inner = [r for r in ranges if r.push_pop and r.stage in ("model.vision_encoder", "model.embed")]
+    inner = [r for r in ranges if r.push_pop and r.stage in (MODEL_VISION_ENCODER, MODEL_EMBED)]
     seen: dict[tuple[str, str], int] = defaultdict(int)
     out: list[Agreement] = []
     for r in ranges:
@@ -169,7 +169,7 @@ def compare(ranges: list[Range], records: Iterable[dict[str, Any]]) -> list[Agre
         seen[(rid, r.stage)] += 1
         if idx >= len(stages):
             continue
-        after = _nested_end(r, inner) if r.stage == "model.prefill" else None
+        after = _nested_end(r, inner) if r.stage == MODEL_PREFILL else None
         span = r.gpu_span_s(after)
         if span is not None:
             out.append(Agreement(r.stage, rid, stages[idx]["dur_s"], span))

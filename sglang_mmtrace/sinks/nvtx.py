@@ -9,23 +9,24 @@ from __future__ import annotations
 from typing import Any
 
 from .. import config, switch
-from ..stages import STAGES
+from ..stages import DETOKENIZE, DISPATCH, REQUEST, STAGES, TOKENIZE
 
 DOMAIN = "sglang_mmtrace"
 GROUP_COLORS = {
-    "request": 0x9E9E9E,
+    REQUEST: 0x9E9E9E,
     "http": 0x9E9E9E,
     "openai": 0x8D6E63,
-    "tokenize": 0x795548,
+    TOKENIZE: 0x795548,
     "mm": 0x43A047,
     "transport": 0xFB8C00,
-    "dispatch": 0xFB8C00,
+    DISPATCH: 0xFB8C00,
     "scheduler": 0x1E88E5,
     "model": 0xE53935,
-    "detokenize": 0x8E24AA,
+    DETOKENIZE: 0x8E24AA,
     "response": 0x8E24AA,
 }
-"""One colour per stage group (ARGB without alpha)."""
+"""One colour per stage group (ARGB without alpha); a stage with no dot in its name is a group of its
+own (``Stage.group``)."""
 
 domain: Any = None
 """The attached domain while the switch's ``nvtx`` part is on, else None (hooks test this)."""

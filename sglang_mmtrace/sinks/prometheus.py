@@ -21,7 +21,7 @@ from collections import defaultdict
 from typing import Any
 
 from ..join.record import EmitContext, stage_totals
-from ..stages import STAGES
+from ..stages import MM_PREPROCESS_CACHE, STAGES
 from . import genai
 
 PREFIX = "sglang_mmtrace_"
@@ -155,7 +155,7 @@ class PrometheusSink:
             if stage in STAGES:
                 m["stage_seconds"].labels(stage, model).observe(dur, exemplar)
         for s in rec.get("stages", ()):
-            if s["name"] == "mm.preprocess_cache" and s["attrs"].get("result") in ("hit", "miss"):
+            if s["name"] == MM_PREPROCESS_CACHE and s["attrs"].get("result") in ("hit", "miss"):
                 m["cache_lookups_total"].labels("preprocess", s["attrs"]["result"]).inc()
         if rec.get("images"):
             if rec["cache"]["embedding"] in ("hit", "miss"):

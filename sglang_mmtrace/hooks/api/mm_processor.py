@@ -17,6 +17,7 @@ from typing import Any
 
 from ... import runtime
 from ...join.context import ApiTrace, current_trace
+from ...stages import MM_DECODE, MM_EXPAND, MM_LOAD, MM_PREPROCESS_CACHE, MM_RESIZE_NORMALIZE
 from ..base import HookSpec, arg, interval
 
 HASH_PREFIX = 16  # "sha256:" + 9 hex: a short prefix of SGLang's own content identity
@@ -77,7 +78,7 @@ def _load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         digest = str(result.content_digest)
         attrs = {"bytes": int(result.size_bytes), "source": str(result.source)}
         trace.image_meta[digest] = {"bytes": int(result.size_bytes), "content_hash": digest[:HASH_PREFIX]}
-    trace.add("mm.load", t0, t1, attrs)
+    trace.add(MM_LOAD, t0, t1, attrs)
 
 
 def _cache_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -86,7 +87,7 @@ def _cache_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         return
     outcome = "hit" if result is not None else "miss"
     trace.preprocess.append(outcome)
-    trace.add("mm.preprocess_cache", t0, t1, {"result": outcome})
+    trace.add(MM_PREPROCESS_CACHE, t0, t1, {"result": outcome})
 
 
 def _decode_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -101,7 +102,7 @@ def _decode_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         digest = getattr(snapshot, "content_digest", None)
         if digest:
             _remember_size(str(digest), size)
-    trace.add("mm.decode", t0, t1, attrs)
+    trace.add(MM_DECODE, t0, t1, attrs)
 
 
 def image_size(media: Any) -> tuple[int, int] | None:
@@ -122,7 +123,7 @@ def _resize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     if trace is None:
         return
     entries = arg(args, kwargs, 0, "entries") or ()
-    trace.add("mm.resize_normalize", t0, t1, {"images": len(entries)})
+    trace.add(MM_RESIZE_NORMALIZE, t0, t1, {"images": len(entries)})
 
 
 def _expand_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -146,7 +147,7 @@ def _expand_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
             }
         )
     trace.images = images
-    trace.add("mm.expand", t0, t1, {"images": len(images), "visual_tokens": sum(i["visual_tokens"] for i in images)})
+    trace.add(MM_EXPAND, t0, t1, {"images": len(images), "visual_tokens": sum(i["visual_tokens"] for i in images)})
 
 
 def _traced_rid(instance: Any, args: tuple, kwargs: dict) -> str | None:
@@ -162,15 +163,15 @@ PART = "mm"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
     "mm_processor.init": replace(interval("mm_processor.init", _init_exit), gated=False),
-    "mm_processor.load": interval("mm_processor.load", _load_exit, nvtx=_nv("mm.load")),
+    "mm_processor.load": interval("mm_processor.load", _load_exit, nvtx=_nv(MM_LOAD)),
     "mm_processor.preprocess_cache": interval(
-        "mm_processor.preprocess_cache", _cache_exit, nvtx=_nv("mm.preprocess_cache")
+        "mm_processor.preprocess_cache", _cache_exit, nvtx=_nv(MM_PREPROCESS_CACHE)
     ),
-    "mm_processor.decode": interval("mm_processor.decode", _decode_exit, nvtx=_nv("mm.decode")),
+    "mm_processor.decode": interval("mm_processor.decode", _decode_exit, nvtx=_nv(MM_DECODE)),
     "mm_processor.resize_normalize": interval(
-        "mm_processor.resize_normalize", _resize_exit, nvtx=_nv("mm.resize_normalize")
+        "mm_processor.resize_normalize", _resize_exit, nvtx=_nv(MM_RESIZE_NORMALIZE)
     ),
-    "mm_processor.expand": interval("mm_processor.expand", _expand_exit, nvtx=_nv("mm.expand")),
+    "mm_processor.expand": interval("mm_processor.expand", _expand_exit, nvtx=_nv(MM_EXPAND)),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)

@@ -42,6 +42,7 @@ from typing import Any
 
 from ... import config, switch
 from ...join.context import ApiTrace, current_trace
+from ...stages import MM_DECODE, MM_EXPAND, MM_LOAD, MM_PROCESS, MM_RESIZE_NORMALIZE, TRANSPORT_PREPARE
 from .. import cuda_marks
 from ..base import HookSpec, arg, interval, now
 from .mm_processor import image_size
@@ -116,16 +117,16 @@ def _request_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         return
     req, token = st
     current_mm.reset(token)
-    req.trace.add("mm.process", t0, t1)
+    req.trace.add(MM_PROCESS, t0, t1)
     tail = exc is None and req.t_combined is not None and req.t_combined <= t1
     if req.split is not None:
         s0, s1, attrs = req.split
         if tail:  # one mm.expand per request: the EL tail, the PROC part as an attribute
-            req.trace.add("mm.expand", req.t_combined, t1, {**attrs, "split_s": round(s1 - s0, 9)})
+            req.trace.add(MM_EXPAND, req.t_combined, t1, {**attrs, "split_s": round(s1 - s0, 9)})
         else:
-            req.trace.add("mm.expand", s0, s1, attrs)
+            req.trace.add(MM_EXPAND, s0, s1, attrs)
     elif tail:
-        req.trace.add("mm.expand", req.t_combined, t1)
+        req.trace.add(MM_EXPAND, req.t_combined, t1)
     if tail and req.tiled and not req.trace.images:
         req.trace.images = _tiled_images(req.tiled, result)
 
@@ -179,19 +180,19 @@ def _load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     if trace is None:
         return
     if modality == "VIDEO":  # the source read and the container opened: its frames decode later
-        trace.add("mm.load", t0, t1, {"modality": "video"})
+        trace.add(MM_LOAD, t0, t1, {"modality": "video"})
         return
     size = image_size(result)
     nbytes = sum(n for _, _, n in fetched)
     decode_from = t0
     if fetched:
         f1 = max(b for _, b, _ in fetched)
-        trace.add("mm.load", t0, f1, {"bytes": nbytes})
+        trace.add(MM_LOAD, t0, f1, {"bytes": nbytes})
         decode_from = f1
     attrs: dict[str, Any] = {"gpu": True} if hasattr(result, "is_cuda") and result.is_cuda else {}
     if size is not None:
         attrs.update(width=size[0], height=size[1])
-    trace.add("mm.decode", decode_from, t1, attrs)
+    trace.add(MM_DECODE, decode_from, t1, attrs)
     req = current_mm.get()
     if req is not None and size is not None:
         req.loaded[id(result)] = (nbytes, size[0], size[1])
@@ -210,7 +211,7 @@ def _frames_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     """A video's sampled frames decoded (``VideoDecoderWrapper``, every family's video decoder)."""
     trace = _trace()
     if trace is not None and exc is None:
-        trace.add("mm.decode", t0, t1, {"modality": "video", "frames": len(arg(args, kwargs, 0, "indices") or ())})
+        trace.add(MM_DECODE, t0, t1, {"modality": "video", "frames": len(arg(args, kwargs, 0, "indices") or ())})
 
 
 def _tiles_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -222,7 +223,7 @@ def _tiles_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         return
     tensor = arg(args, kwargs, 0, "tensor")
     shape = getattr(tensor, "shape", None)
-    req.trace.add("mm.resize_normalize", t0, t1, {"tiles": int(getattr(result, "shape", (0,))[0])})
+    req.trace.add(MM_RESIZE_NORMALIZE, t0, t1, {"tiles": int(getattr(result, "shape", (0,))[0])})
     if shape is not None and len(shape) == 3:
         req.tiled.append((int(shape[2]), int(shape[1])))
     req.t_combined = t1
@@ -248,7 +249,7 @@ def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         # the pool copies are non-blocking launches: their GPU work ends at the last one's end mark
         timed = all(e[4] is not None and e[5] is not None for e in c.ipc)
         ref, end = (c.ipc[-1][4], c.ipc[-1][5]) if timed else (None, None)
-        _gpu_stage("transport.prepare", c.ipc[0][0], c.ipc[-1][1], ref, end, attrs)
+        _gpu_stage(TRANSPORT_PREPARE, c.ipc[0][0], c.ipc[-1][1], ref, end, attrs)
         trace.transport_bytes += nbytes
         trace.transport_mode = "cuda_ipc"
     if exc is not None or c.t_resize_end is None:
@@ -263,7 +264,7 @@ def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     if req is not None:
         req.split = split  # joined with the EL tail into one mm.expand when the request scope ends
     else:
-        trace.add("mm.expand", *split)
+        trace.add(MM_EXPAND, *split)
     base_output = arg(args, kwargs, 0, "base_output")
     loaded = list(getattr(base_output, "images", None) or ())
     images = []
@@ -327,7 +328,7 @@ def _resize_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
     attrs = {"images": len(images or ())}
     if videos:
         attrs["videos"] = len(videos)
-    _gpu_stage("mm.resize_normalize", t0, t1, *_end_mark(ev), attrs)
+    _gpu_stage(MM_RESIZE_NORMALIZE, t0, t1, *_end_mark(ev), attrs)
 
 
 def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -344,29 +345,29 @@ PART = "mm"  # the switch part that gates these hooks
 HOOKS: dict[str, HookSpec] = {
     # also files mm.process
     "mm_processor_generic.request": interval(
-        "mm_processor_generic.request", _request_exit, _request_enter, nvtx=_nv("mm.process")
+        "mm_processor_generic.request", _request_exit, _request_enter, nvtx=_nv(MM_PROCESS)
     ),
     "mm_processor_generic.load_decode": interval(
-        "mm_processor_generic.load_decode", _load_exit, _load_enter, nvtx=_nv("mm.decode")
+        "mm_processor_generic.load_decode", _load_exit, _load_enter, nvtx=_nv(MM_DECODE)
     ),
-    "mm_processor_generic.fetch": interval("mm_processor_generic.fetch", _fetch_exit, nvtx=_nv("mm.load", _fetch_rid)),
+    "mm_processor_generic.fetch": interval("mm_processor_generic.fetch", _fetch_exit, nvtx=_nv(MM_LOAD, _fetch_rid)),
     "mm_processor_generic.video_frames": interval(
-        "mm_processor_generic.video_frames", _frames_exit, nvtx=_nv("mm.decode")
+        "mm_processor_generic.video_frames", _frames_exit, nvtx=_nv(MM_DECODE)
     ),
     "mm_processor_generic.video_frames_tensor": interval(
-        "mm_processor_generic.video_frames_tensor", _frames_exit, nvtx=_nv("mm.decode")
+        "mm_processor_generic.video_frames_tensor", _frames_exit, nvtx=_nv(MM_DECODE)
     ),
     "mm_processor_generic.internvl_tiles": interval(
-        "mm_processor_generic.internvl_tiles", _tiles_exit, nvtx=_nv("mm.resize_normalize")
+        "mm_processor_generic.internvl_tiles", _tiles_exit, nvtx=_nv(MM_RESIZE_NORMALIZE)
     ),
     "mm_processor_generic.combine": interval("mm_processor_generic.combine", _combine_exit, _combine_enter),
     "mm_processor_generic.combine_async": interval("mm_processor_generic.combine_async", _combine_async_exit),
     # CUDA events bracket these calls: the enter step records the first, the exit step the second
     "mm_processor_generic.resize_normalize": interval(
-        "mm_processor_generic.resize_normalize", _resize_done, _resize_start, nvtx=_nv("mm.resize_normalize")
+        "mm_processor_generic.resize_normalize", _resize_done, _resize_start, nvtx=_nv(MM_RESIZE_NORMALIZE)
     ),
     "mm_processor_generic.cuda_ipc": interval(
-        "mm_processor_generic.cuda_ipc", _ipc_done, _ipc_start, nvtx=_nv("transport.prepare", _ipc_rid)
+        "mm_processor_generic.cuda_ipc", _ipc_done, _ipc_start, nvtx=_nv(TRANSPORT_PREPARE, _ipc_rid)
     ),
 }
 

@@ -8,6 +8,7 @@ start (``build_record``), off the request's path.
 
 from __future__ import annotations
 
+from ...stages import OPENAI_CONVERT
 from ..base import HookSpec, arg, interval
 
 
@@ -24,7 +25,7 @@ PART = "http"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
     "openai_serving.convert": interval(
-        "openai_serving.convert", _convert_exit, nvtx=("openai.convert", lambda i, a, k: "")
+        "openai_serving.convert", _convert_exit, nvtx=(OPENAI_CONVERT, lambda i, a, k: "")
     ),
 }
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from ... import config, runtime, telemetry
 from ...join.context import LIVE, ApiTrace, current_call, current_http, current_trace
+from ...stages import DISPATCH, TOKENIZE
 from ..base import HookSpec, arg, before, error_class, interval, now, ranged
 
 
@@ -102,7 +103,7 @@ def _tokenize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     trace, token = st
     current_trace.reset(token)
     if trace is not None:
-        trace.add("tokenize", t0, t1)
+        trace.add(TOKENIZE, t0, t1)
         if exc is not None:
             trace.error_class = error_class(exc)
 
@@ -177,10 +178,10 @@ HOOKS: dict[str, HookSpec] = {
         "tokenizer_manager.tokenize",
         _tokenize_exit,
         _tokenize_enter,
-        nvtx=("tokenize", _rid_of(0, "obj")),
+        nvtx=(TOKENIZE, _rid_of(0, "obj")),
     ),
     # dispatch's times are SGLang's own (ApiTrace.read_sglang_notes): this hook is its NVTX range only
-    "tokenizer_manager.dispatch": ranged("tokenizer_manager.dispatch", ("dispatch", _rid_of(0, "tokenized_obj"))),
+    "tokenizer_manager.dispatch": ranged("tokenizer_manager.dispatch", (DISPATCH, _rid_of(0, "tokenized_obj"))),
     "tokenizer_manager.batch_output": before("tokenizer_manager.batch_output", _batch_output),
     "tokenizer_manager.abort": before("tokenizer_manager.abort", _abort),
 }

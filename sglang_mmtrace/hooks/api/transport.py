@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...join.context import LIVE
+from ...stages import TRANSPORT_PREPARE
 from ..base import HookSpec, arg, interval
 
 _MODE_BY_TYPE = {
@@ -59,7 +60,7 @@ def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     mode = "cpu" if "cpu" in modes else (sorted(modes)[0] if modes else "none")
     trace.transport_mode = mode
     trace.transport_bytes += nbytes
-    trace.add("transport.prepare", t0, t1, {"mode": mode, "bytes": nbytes})
+    trace.add(TRANSPORT_PREPARE, t0, t1, {"mode": mode, "bytes": nbytes})
 
 
 def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
@@ -72,7 +73,7 @@ PART = "mm"  # the switch part that gates these hooks
 HOOKS: dict[str, HookSpec] = {
     # entered_only: a text request (and 0.5.17's cuda_ipc one) goes straight through
     "transport.wrap_shm_features": interval(
-        "transport.wrap_shm_features", _exit, _enter, nvtx=("transport.prepare", _detail), entered_only=True
+        "transport.wrap_shm_features", _exit, _enter, nvtx=(TRANSPORT_PREPARE, _detail), entered_only=True
     ),
 }
 

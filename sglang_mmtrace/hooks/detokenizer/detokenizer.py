@@ -6,6 +6,7 @@ from typing import Any
 
 from ... import runtime
 from ...sinks import nvtx
+from ...stages import DETOKENIZE
 from ..base import HookSpec, arg, interval
 from ..scheduler import state as ss
 
@@ -25,7 +26,7 @@ def _enter(instance: Any, args: tuple, kwargs: dict) -> Any:
 
 def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     first, n = st
-    ss.emit(first, "detokenize", t0, t1, attrs={"batch_size": n})
+    ss.emit(first, DETOKENIZE, t0, t1, attrs={"batch_size": n})
 
 
 def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
@@ -38,7 +39,7 @@ PART = "detokenizer"  # the switch part that gates these hooks
 HOOKS: dict[str, HookSpec] = {
     # entered_only: a batch with no request's first output (every later step) goes straight through
     "detokenizer.handle_batch": interval(
-        "detokenizer.handle_batch", _exit, _enter, nvtx=("detokenize", _detail), entered_only=True
+        "detokenizer.handle_batch", _exit, _enter, nvtx=(DETOKENIZE, _detail), entered_only=True
     ),
 }
 

@@ -12,6 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 from ...sinks import nvtx
+from ...stages import (
+    MODEL_EMBED,
+    MODEL_FORWARD,
+    MODEL_PREFILL,
+    MODEL_SAMPLE,
+    MODEL_VISION_ENCODER,
+    SCHEDULER_BATCH,
+    SCHEDULER_OUTPUT,
+    SCHEDULER_OVERLAP_WAIT,
+    SCHEDULER_PREFIX_MATCH,
+    SCHEDULER_QUEUE,
+    SCHEDULER_RECV,
+)
 from ..base import HookSpec, arg, interval
 from . import state as ss
 from .schedule_batch import prefix_images
@@ -24,14 +37,14 @@ def _emit_admission(req: Any, tr: ss.ReqTrace) -> None:
     tr.admission = None
     tr.vit_skipped = prefix_images(req, prefix)
     m0, m1 = tr.t_match0, tr.t_match1
-    ss.emit(tr.rid, "scheduler.recv", tr.t_recv, tr.t_enqueue)
-    ss.emit(tr.rid, "scheduler.queue", tr.t_enqueue, m0)
+    ss.emit(tr.rid, SCHEDULER_RECV, tr.t_recv, tr.t_enqueue)
+    ss.emit(tr.rid, SCHEDULER_QUEUE, tr.t_enqueue, m0)
     attrs = {
         "cached_tokens": int(cached or 0),
         "prompt_tokens": len(req.origin_input_ids),
         "image_prefix_hit": tr.vit_skipped > 0,
     }
-    ss.emit(tr.rid, "scheduler.prefix_match", m0, m1, attrs=attrs)
+    ss.emit(tr.rid, SCHEDULER_PREFIX_MATCH, m0, m1, attrs=attrs)
 
 
 def _emit_forward(ctx: ss.FwdCtx) -> None:
@@ -39,9 +52,9 @@ def _emit_forward(ctx: ss.FwdCtx) -> None:
     attrs = {"batch_size": ctx.batch_size}
     for tr in ctx.traces:
         if tr.t_match1 is not None:
-            ss.emit(tr.rid, "scheduler.batch", tr.t_match1, ctx.t0, attrs=attrs)
+            ss.emit(tr.rid, SCHEDULER_BATCH, tr.t_match1, ctx.t0, attrs=attrs)
             tr.t_match1 = None  # emitted once: later chunks go straight from result to forward
-    ss.emit(ctx.rids, "model.forward", ctx.t0, ctx.t1, attrs=attrs)
+    ss.emit(ctx.rids, MODEL_FORWARD, ctx.t0, ctx.t1, attrs=attrs)
 
 
 def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
@@ -62,7 +75,7 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
         if owners:
             ss.emit(
                 tuple(owners),
-                "model.vision_encoder",
+                MODEL_VISION_ENCODER,
                 t0,
                 t1,
                 name,
@@ -85,13 +98,13 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
         for rid in ctx.needs_embed:
             # no encoder call for its items is a cache hit only where every encoder call is seen
             cache = "miss" if rid in miss_rids else "hit" if hooked else "unobserved"
-            ss.emit(rid, "model.embed", start, e1, name, {**base, "embedding_cache": cache})
+            ss.emit(rid, MODEL_EMBED, start, e1, name, {**base, "embedding_cache": cache})
     if ctx.fwd is not None:
         f0, f1 = clock.host(ctx.fwd[0]), clock.host(ctx.fwd[1])
         start = embed_end if embed_end is not None and f0 <= embed_end <= f1 else f0
-        ss.emit(rids, "model.prefill", start, f1, name, base)
+        ss.emit(rids, MODEL_PREFILL, start, f1, name, base)
     if ctx.sample is not None:
-        ss.emit(rids, "model.sample", clock.host(ctx.sample[0]), clock.host(ctx.sample[1]), name, base)
+        ss.emit(rids, MODEL_SAMPLE, clock.host(ctx.sample[0]), clock.host(ctx.sample[1]), name, base)
 
 
 def _emit_skipped_encoder(ctx: ss.FwdCtx, base: dict[str, Any]) -> None:
@@ -101,7 +114,7 @@ def _emit_skipped_encoder(ctx: ss.FwdCtx, base: dict[str, Any]) -> None:
     for tr in ctx.traces:
         if tr.vit_skipped:
             attrs = {**base, "images": tr.vit_skipped, "embedding_cache": "off", "skipped": True}
-            ss.emit(tr.rid, "model.vision_encoder", at, at, ctx.clock.name, attrs)
+            ss.emit(tr.rid, MODEL_VISION_ENCODER, at, at, ctx.clock.name, attrs)
             tr.vit_skipped = 0  # once per request, also when a chunked prefill spans several forwards
 
 
@@ -129,11 +142,11 @@ def _result_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         ready = max(ctx.t1, ctx.t_sample_end or ctx.t1)
         if t0 > ready:
             # Overlap scheduling: the result waits while the scheduler launches the next batch.
-            ss.emit(ctx.rids, "scheduler.overlap_wait", ready, t0, attrs={"batch_size": ctx.batch_size})
+            ss.emit(ctx.rids, SCHEDULER_OVERLAP_WAIT, ready, t0, attrs={"batch_size": ctx.batch_size})
     if first:
         # The hand-off ends when stream_output returned; the function goes on with metrics reporting.
         end = ss.last_stream_end if t0 <= ss.last_stream_end <= t1 else t1
-        ss.emit(tuple(first), "scheduler.output", t0, end, attrs={"batch_size": len(batch.reqs)})
+        ss.emit(tuple(first), SCHEDULER_OUTPUT, t0, end, attrs={"batch_size": len(batch.reqs)})
 
 
 def _has_output(req: Any) -> bool:
@@ -155,7 +168,7 @@ PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
     "batch_result.stream_output": interval("batch_result.stream_output", _stream_exit),
-    "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=("scheduler.output", _output_detail)),
+    "batch_result.prefill": interval("batch_result.prefill", _result_exit, nvtx=(SCHEDULER_OUTPUT, _output_detail)),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)

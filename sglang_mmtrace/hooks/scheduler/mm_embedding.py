@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...stages import MODEL_EMBED, MODEL_VISION_ENCODER
 from ..base import HookSpec, arg
 from . import state as ss
 from .model_runner import around_forward, marked
@@ -45,14 +46,14 @@ def _store_vit(ctx: ss.FwdCtx, m0: Any, m1: Any, args: tuple, kwargs: dict) -> N
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "mm_embedding.prepare": marked("mm_embedding.prepare", "embed", "model.embed", needs_embed),
+    "mm_embedding.prepare": marked("mm_embedding.prepare", "embed", MODEL_EMBED, needs_embed),
     # every encoder call of the forward (one per batch of missed items), not only the first; the
     # item's modality is an attribute (some models embed video with get_image_feature)
     "mm_embedding.vision_encoder": around_forward(
-        "mm_embedding.vision_encoder", "model.vision_encoder", _vit_owners, _store_vit
+        "mm_embedding.vision_encoder", MODEL_VISION_ENCODER, _vit_owners, _store_vit
     ),
     "mm_embedding.video_encoder": around_forward(
-        "mm_embedding.video_encoder", "model.vision_encoder", _vit_owners, _store_vit
+        "mm_embedding.video_encoder", MODEL_VISION_ENCODER, _vit_owners, _store_vit
     ),
 }
 

@@ -11,6 +11,7 @@ which runs in every forward (decode steps and text prefills included), has no ho
 
 from __future__ import annotations
 
+from ...stages import MODEL_EMBED
 from ..base import HookSpec
 from . import mm_embedding
 from .model_runner import marked
@@ -18,7 +19,7 @@ from .model_runner import marked
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "mm_embedding_legacy.embed": marked("mm_embedding_legacy.embed", "embed", "model.embed", mm_embedding.needs_embed),
+    "mm_embedding_legacy.embed": marked("mm_embedding_legacy.embed", "embed", MODEL_EMBED, mm_embedding.needs_embed),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ... import runtime
 from ...sinks import nvtx
+from ...stages import MODEL_PREFILL, MODEL_SAMPLE
 from ..base import HookSpec, guarded, interval, push_batch_range
 from . import state as ss
 
@@ -95,8 +96,8 @@ PART = "scheduler"  # the switch part that gates these hooks
 HOOKS: dict[str, HookSpec] = {
     # set-up, never gated: hooks the loaded model's encoders (the manifest's applies_to = "model")
     "model_runner.load_model": replace(interval("model_runner.load_model", _loaded), gated=False),
-    "model_runner.forward": marked("model_runner.forward", "fwd", "model.prefill", start=ss.Clock.start),
-    "model_runner.sample": marked("model_runner.sample", "sample", "model.sample", start=ss.Clock.after_forward),
+    "model_runner.forward": marked("model_runner.forward", "fwd", MODEL_PREFILL, start=ss.Clock.start),
+    "model_runner.sample": marked("model_runner.sample", "sample", MODEL_SAMPLE, start=ss.Clock.after_forward),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)

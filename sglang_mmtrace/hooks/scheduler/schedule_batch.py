@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import switch
+from ...stages import SCHEDULER_PREFIX_MATCH
 from ..base import HookSpec, interval
 from . import state as ss
 
@@ -104,9 +105,7 @@ def _match_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
-    "schedule_batch.match": interval(
-        "schedule_batch.match", _match_exit, nvtx=("scheduler.prefix_match", _match_detail)
-    ),
+    "schedule_batch.match": interval("schedule_batch.match", _match_exit, nvtx=(SCHEDULER_PREFIX_MATCH, _match_detail)),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)

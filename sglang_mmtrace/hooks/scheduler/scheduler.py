@@ -11,6 +11,7 @@ from typing import Any
 
 from ...patch import Direct
 from ...sinks import nvtx
+from ...stages import MODEL_FORWARD
 from ..base import HookSpec, interval
 from . import state as ss
 from .schedule_batch import admit, scan_images
@@ -93,7 +94,7 @@ HOOKS: dict[str, HookSpec] = {
     "scheduler.recv_requests": HookSpec("scheduler.recv_requests", make=_recv_make),
     # entered_only: a decode batch (every step of every request) only resets ``ss.current``
     "scheduler.run_batch": interval(
-        "scheduler.run_batch", _run_exit, _run_enter, nvtx=("model.forward", _forward_detail), entered_only=True
+        "scheduler.run_batch", _run_exit, _run_enter, nvtx=(MODEL_FORWARD, _forward_detail), entered_only=True
     ),
 }
 
