@@ -7,8 +7,7 @@ HTTP exchange's ``HttpCtx`` (the ASGI middleware) and its ``ApiTrace`` (``_init_
 scheduler its ``ReqTrace`` (first radix match) and, per prefill forward, a ``FwdCtx`` with its
 ``Clock``. ``benchmarks/hotpath.py --cold`` prices whole requests; this prices the objects, to tell
 what a request's cold cost is made of (issue 11: the cost that remains is spread over the hooks'
-frames and these objects, and trimming helper calls inside the hooks moved nothing measurable,
-``results/hotpath-api-cpu-20261205/``).
+frames and these objects, and trimming helper calls inside the hooks moved nothing measurable).
 
 Each variant is a function that makes one object (the real classes with a request's arguments, or a
 stand-in of the same size), all interleaved in random order per repetition, each call after

@@ -52,7 +52,9 @@ def summary(xs: np.ndarray, base: float) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--group", action="append", required=True, metavar="NAME=DIR[,DIR...]", help="runs pooled under NAME")
+    ap.add_argument(
+        "--group", action="append", required=True, metavar="NAME=DIR[,DIR...]", help="runs pooled under NAME"
+    )
     ap.add_argument("--aa", action="store_true", help="also the A/A control (off vs off again) per group")
     ap.add_argument("--diff", nargs=2, metavar=("A", "B"), help="median delta of group B minus group A")
     ap.add_argument("--out", help="write the table as JSON here too")
