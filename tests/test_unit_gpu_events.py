@@ -4,7 +4,7 @@ Why a stand-in: CI has no GPU, so the runtime behind ``hooks.cuda_marks`` (``Run
 process's ``libcudart`` through ``ctypes.PyDLL``) is replaced by ``FakeCuda`` below. The real path
 (marks on an H200, SGLang 0.5.17) was measured and cross-checked against torch's events in
 ``benchmarks/results/cuda-events-h200-20261130/`` and against Nsight Systems in
-``benchmarks/results/gpu-h200-0.5.17/NOTES.md``; these tests pin the bookkeeping around the marks.
+``benchmarks/results/gpu-check-h200-20261130/`` (``tests/test_unit_nsys.py``); these tests pin the bookkeeping around the marks.
 
 The stand-in logs every ``record`` into a list shared with the wrapped SGLang functions (so the
 bracket order is visible), keeps a fake GPU clock that the wrapped functions advance (so a read
