@@ -14,10 +14,9 @@ from typing import Any
 from sglang_mmtrace.bench.stats import bootstrap_median_ci
 from sglang_mmtrace.report.analysis import quantile
 
-__all__ = ["RESULTS", "ROOT", "bootstrap_median_ci", "machine", "quantile"]
+__all__ = ["ROOT", "bootstrap_median_ci", "machine", "quantile"]
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def cpu_model() -> str:

@@ -24,7 +24,7 @@ Each process kind runs in its own child interpreter so its runtime is set up as 
 The outbox's control thread is also measured: its CPU time per traced request, from the thread CPU
 clock, minus its idle rate (the API process runs no plugin thread).
 
-    python -m benchmarks.hotpath                 # all processes, writes results/hotpath.json
+    python -m benchmarks.hotpath                 # all processes, writes hotpath.json here (--json OUT)
     python -m benchmarks.hotpath --reps 5000     # quicker
     python -m benchmarks.hotpath --processes api scheduler --cold --leave-out   # each hook left out in turn
     python -m benchmarks.hotpath --processes api scheduler --cold --switched-off
@@ -60,7 +60,7 @@ import numpy as np
 
 from sglang_mmtrace.patch import hooked
 
-from ._common import RESULTS, bootstrap_median_ci, machine, quantile
+from ._common import bootstrap_median_ci, machine, quantile
 
 DEFAULT_REPS = 20000
 DEFAULT_WARMUP = 2000
@@ -1196,7 +1196,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64], help="rids per decode step")
     ap.add_argument("--processes", nargs="+", default=list(WORKERS), choices=list(WORKERS))
-    ap.add_argument("--json", default=str(RESULTS / "hotpath.json"))
+    ap.add_argument("--json", default="hotpath.json", help="where to write the result (default: %(default)s)")
     ap.add_argument("--cold", action="store_true", help="evict the CPU caches before every sample (see COLD_BYTES)")
     ap.add_argument(
         "--leave-out",

@@ -33,7 +33,7 @@ from sglang_mmtrace.bench.experiments import Options
 from sglang_mmtrace.bench.overhead import KINDS, MAX_TOKENS, Workload, paired_plan, run_launch, summary
 from sglang_mmtrace.harness import CpuServer
 
-from ._common import RESULTS, machine
+from ._common import machine
 
 SERVER_ARGS = ("--mm-preprocess-cache-size-mb", "64")
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--warmup-rounds", type=int, default=2, help="untimed rounds first (seeds not reused)")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--out-dir", default=str(RESULTS))
+    ap.add_argument("--out-dir", default=".", help="folder for ttft_ab.json and ttft_ab.md (default: here)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the server logs and JSONL in a temp folder")
     ap.add_argument(
         "--no-pause",

@@ -5,7 +5,7 @@
 
 Inside SGLang on the H200 a mark's ``cudaEventRecord`` costs 12-60 µs of CPU (2 µs in a loop), and
 the two around the HF processor cost 4-5x those around the pool copy, on the same thread and stream
-(``benchmarks/results/probe-h200-20261201/``). This times one record, the way ``hooks/cuda_marks``
+(``probe_017.py``'s per-caller mark times). This times one record, the way ``hooks/cuda_marks``
 takes it (``ctypes.PyDLL``, GIL held), after each of these, ``--samples`` times, median and p90 µs:
 
 - ``loop``: right after the previous record;

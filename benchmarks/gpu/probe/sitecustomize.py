@@ -19,7 +19,7 @@ In every Python process that has ``MMTRACE_PROBE_DIR`` set, it:
   every second from a daemon thread (the probe's own cost, not the plugin's);
 - on SIGUSR1, counts the plugin's per-request objects still alive (``ApiTrace``, ``HttpCtx``,
   ``ReqTrace``, ``FwdCtx``), runs a full collection and counts again, appending a line to
-  ``MMTRACE_PROBE_DIR/<pid>.live.txt`` (``benchmarks/results/gc-cpu-20261201/live_check.py``).
+  ``MMTRACE_PROBE_DIR/<pid>.live.txt``.
 
 With ``MMTRACE_PROBE_SEGMENTS=1`` it times SGLang's own functions instead (each hook's target, under
 the plugin's hook, in both arms of the switch: ``_segment_timer``), keeps every call's start and end,
