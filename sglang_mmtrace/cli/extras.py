@@ -14,8 +14,8 @@ import sys
 
 BENCH = "bench"
 SGLANG = "instruments"
-# The top-level modules of the extra's requirements (Pillow installs PIL); a module missing from
-# this set is a broken install, not a missing extra, and keeps its traceback.
+# The top-level modules of the extra's requirements (Pillow installs PIL); a missing module outside
+# this set (one the base declares) is a broken install, not a missing extra, and keeps its traceback.
 MODULES = frozenset({"numpy", "PIL", "tqdm"})
 EXIT_STATUS = 2  # argparse's usage-error status: the command line asked for what this install lacks
 
