@@ -7,23 +7,56 @@
   BASE NEW``: two JSONL files, per group and stage the change of p50 with a 95% interval, ranked.
 - ``nsys``: an Nsight Systems sqlite export's stage NVTX ranges and GPU time, against records.
 - ``bench``: the controlled experiments against a running server.
+
+``run``, ``doctor``, ``report`` and ``nsys`` work on the base install; ``bench`` needs the ``bench``
+extra and ``demo`` SGLang (the ``instruments`` extra), and without it each says so in one line with
+exit status 2 (:mod:`.extras`). Their modules are imported here only when present, so the base
+install's subcommands never load the lab.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from types import ModuleType
 
-from . import bench as bench_cli
-from . import demo as demo_cli
+from ..package import sglang_version
 from . import nsys as nsys_cli
 from . import report as report_cli
+from .extras import BENCH, SGLANG, lacks_extra, needs_extra
+
+PROG = "sglang-mmtrace"
+LAB_EXTRAS = {"bench": BENCH, "demo": SGLANG}  # the lab's subcommands and the extra each needs
+
+
+def _lab_cli(name: str) -> ModuleType | None:
+    """The lab subcommand's module ``cli.<name>``, or None where the lab's modules are not installed."""
+    try:
+        return importlib.import_module(f"{__package__}.{name}")
+    except ModuleNotFoundError as exc:
+        if not lacks_extra(exc):
+            raise
+        return None
+
+
+def _add_lab(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
+    """``name``'s parser with its options, or, without the extra, one that takes any arguments and
+    marks the namespace so that ``main`` says what to install instead of a usage error."""
+    module = _lab_cli(name)
+    if module is None:
+        extra = LAB_EXTRAS[name]
+        sub.add_parser(name, help=f"{summary} (needs the '{extra}' extra)", add_help=False).set_defaults(
+            missing_extra=extra
+        )
+    else:
+        module.add_arguments(sub.add_parser(name, help=summary))
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand and its options (apart from ``main`` so a test can read them without running one)."""
     parser = argparse.ArgumentParser(
-        prog="sglang-mmtrace", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
 
@@ -44,9 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         " (default: none)",
     )
 
-    demo_cli.add_arguments(
-        sub.add_parser("demo", help="real SGLang on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed")
-    )
+    _add_lab(sub, "demo", "real SGLang on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed")
 
     report = sub.add_parser(
         "report",
@@ -59,17 +90,29 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("nsys", help="an Nsight Systems sqlite export: stage NVTX ranges and their GPU time vs records")
     )
 
-    bench_cli.add_arguments(
-        sub.add_parser(
-            "bench", help="controlled experiments (new-vs-repeat, order, caches, transport, overhead, concurrency)"
-        )
-    )
+    _add_lab(sub, "bench", "controlled experiments (new-vs-repeat, order, caches, transport, overhead, concurrency)")
 
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if getattr(args, "missing_extra", None):
+        return needs_extra(f"{PROG} {args.cmd}", args.missing_extra)
+    if args.cmd == "demo" and sglang_version() is None:
+        return needs_extra(f"{PROG} demo", SGLANG)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        return _run(args)
+    except ModuleNotFoundError as exc:  # an extra's module imported where a subcommand's mode needs it
+        if not lacks_extra(exc):
+            raise
+        return needs_extra(f"{PROG} {args.cmd}")
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.cmd == "run":
         from ..launcher import run as launch
 
@@ -78,14 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         from .doctor import run
 
         return run(args.matrix, args.readme, args.model_path)
-    if args.cmd == "demo":
-        return demo_cli.run(args)
+    if args.cmd in ("demo", "bench"):
+        return importlib.import_module(f"{__package__}.{args.cmd}").run(args)
     if args.cmd == "report":
         return report_cli.run(args)
     if args.cmd == "nsys":
         return nsys_cli.run(args)
-    if args.cmd == "bench":
-        return bench_cli.run(args)
     return 2
 
 

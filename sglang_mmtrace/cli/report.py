@@ -3,7 +3,8 @@
 ``sglang-mmtrace report --compare BASE NEW``: the same groups in two record files, compared: per
 group and stage the change of the p50 with a bootstrap interval (95%, or ``--confidence``), ranked
 (:mod:`sglang_mmtrace.report.compare`); ``--json`` and ``--html`` as for one file, no Chrome trace.
-One file or ``--compare``, not both; exit 1 when the two files have no group in common.
+One file or ``--compare``, not both; exit 1 when the two files have no group in common. ``--compare``
+needs the ``bench`` extra (its bootstrap is numpy's): without it, one line and exit status 2.
 
 Groups are the bench's ``experiment / variant`` when the records carry a ``bench`` key (the
 output of ``sglang-mmtrace bench``), else the request kind derived from the record.
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..report.analysis import RecordsError, format_table, load_records, report_group, summarize
+from .extras import lacks_extra, needs_extra
 
 PROG = "sglang-mmtrace report"
 SHOWN_SKIPS = 3  # bad lines named on stderr; the rest are counted
@@ -163,8 +165,10 @@ def _run_compare(args: argparse.Namespace) -> int:
         return _error("--chrome-trace takes one records file, not --compare")
     try:
         from ..report.compare import CONFIDENCE, compare, format_compare
-    except ImportError as exc:  # the bootstrap is numpy's; plain report runs without it
-        return _error(f"--compare needs numpy: {exc}")
+    except ModuleNotFoundError as exc:  # the bootstrap is the lab's (numpy); plain report runs without it
+        if not lacks_extra(exc):
+            raise
+        return needs_extra(f"{PROG} --compare")
     base_path, new_path = args.compare
     try:
         base, new = (_load(path, args.include_warmup) for path in (base_path, new_path))
