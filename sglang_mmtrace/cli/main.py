@@ -17,7 +17,6 @@ install's subcommands never load the lab.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from types import ModuleType
 
@@ -32,12 +31,17 @@ LAB_EXTRAS = {"bench": BENCH, "demo": SGLANG}  # the lab's subcommands and the e
 
 def _lab_cli(name: str) -> ModuleType | None:
     """The lab subcommand's module ``cli.<name>``, or None where the lab's modules are not installed."""
+    # Plain imports, not importlib: the import graph (tests/test_unit_layers.py) sees them.
     try:
-        return importlib.import_module(f"{__package__}.{name}")
+        if name == "bench":
+            from . import bench as module
+        else:
+            from . import demo as module
     except ModuleNotFoundError as exc:
         if not lacks_extra(exc):
             raise
         return None
+    return module
 
 
 def _add_lab(sub: argparse._SubParsersAction, name: str, summary: str) -> None:
@@ -122,7 +126,9 @@ def _run(args: argparse.Namespace) -> int:
 
         return run(args.matrix, args.readme, args.model_path)
     if args.cmd in ("demo", "bench"):
-        return importlib.import_module(f"{__package__}.{args.cmd}").run(args)
+        module = _lab_cli(args.cmd)
+        assert module is not None  # main said what to install when the extra is missing
+        return module.run(args)
     if args.cmd == "report":
         return report_cli.run(args)
     if args.cmd == "nsys":
