@@ -324,3 +324,20 @@ def test_spans_reach_a_real_receiver_under_the_configured_service_name(env):
         assert span.trace_id == rec["trace_id"] == SAMPLED.split("-")[1]
     finally:
         receiver.stop()
+
+
+def test_the_middleware_keeps_the_propagators_headers_only():
+    """``traceparent``, ``tracestate`` and ``baggage`` (the default propagators' fields) reach the
+    collector; the request's other headers, credentials among them, do not."""
+    from sglang_mmtrace.hooks.api import http_server
+
+    scope = {
+        "path": "/v1/chat/completions",
+        "headers": [
+            (b"traceparent", SAMPLED.encode()),
+            (b"tracestate", b"vendor=abc"),
+            (b"authorization", b"Bearer secret"),
+        ],
+    }
+    ctx = http_server._open(scope, http_server._trace_fields())
+    assert ctx.trace_headers == {"traceparent": SAMPLED, "tracestate": "vendor=abc"}

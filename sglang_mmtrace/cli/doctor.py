@@ -247,7 +247,10 @@ def _print_otel(s: Any) -> None:
     print(f"    protocol      {s.protocol}")
     print(f"    endpoint      {s.endpoint or 'unset'}" + (f" (from {s.endpoint_from})" if s.endpoint else ""))
     print(f"    tls           {tls}")
-    print(f"    sampler       {s.sampler.get_description()}")
+    sampler = s.sampler.get_description()
+    if sampler.startswith("ParentBased{root:"):  # the other four branches are the SDK's fixed ones
+        sampler = "parent-based, root " + sampler.removeprefix("ParentBased{root:").split(",", 1)[0]
+    print(f"    sampler       {sampler}")
     print(f"    propagators   {s.propagators}")
     print(f"    sdk disabled  {'yes (OTEL_SDK_DISABLED=true)' if s.disabled else 'no'}")
 

@@ -639,7 +639,10 @@ def _sinks(cfg: Config) -> list[Sink]:
                 if cfg.otlp_metrics:
                     from ..sinks.genai import GenAiOtlpMetrics
 
-                    sinks.append(GenAiOtlpMetrics(cfg.otlp_endpoint, cfg.otlp_protocol))
+                    metrics = GenAiOtlpMetrics(
+                        cfg.otlp_endpoint, cfg.otlp_protocol, otlp.service_name, insecure=otlp.insecure
+                    )
+                    sinks.append(metrics)
         except Exception as exc:  # a broken install of the opentelemetry packages (they are dependencies)
             telemetry.warn("OTLP export disabled: %r", exc)
     if cfg.jsonl_path:
