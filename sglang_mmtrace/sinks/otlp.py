@@ -170,6 +170,8 @@ def _sampler(cfg: Config) -> Any:
     from opentelemetry.sdk.trace import sampling
 
     if os.environ.get(ev.OTEL_TRACES_SAMPLER):
+        # The parser TracerProvider itself calls without a sampler: the SDK's names, defaults and
+        # warnings; called here so the doctor can show the sampler the sink will use.
         return sampling._get_from_env_or_default()
     if cfg.sample < 1.0:
         return sampling.ParentBasedTraceIdRatio(cfg.sample)
