@@ -102,9 +102,24 @@ SGLANG_MMTRACE_WHEEL_CACHE = "SGLANG_MMTRACE_WHEEL_CACHE"
 """Folder of the SGLang release wheels that the manifest check reads (``doctor --matrix``, CI); default
 ``~/.cache/sglang-mmtrace/wheels``. Not read by the plugin."""
 
+SGLANG_MMTRACE_OTLP_ENDPOINT = "SGLANG_MMTRACE_OTLP_ENDPOINT"
+
+# The standard OpenTelemetry variables the plugin reads (sinks.otlp.settings) with the SDK's meaning;
+# the SDK's exporter reads the rest of the exporter's ones (headers, certificates, compression).
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+OTEL_EXPORTER_OTLP_TRACES_INSECURE = "OTEL_EXPORTER_OTLP_TRACES_INSECURE"
+OTEL_EXPORTER_OTLP_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
+OTEL_EXPORTER_OTLP_TRACES_TIMEOUT = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
+OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
+OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
+OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
+OTEL_TRACES_SAMPLER = "OTEL_TRACES_SAMPLER"
+OTEL_TRACES_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
+OTEL_PROPAGATORS = "OTEL_PROPAGATORS"
 
 VARIABLES: tuple[Variable, ...] = (
     Variable("SGLANG_MMTRACE", "enabled", True, "master switch; 0 turns every part off", _flag),
@@ -112,18 +127,20 @@ VARIABLES: tuple[Variable, ...] = (
         "SGLANG_MMTRACE_JSONL", "jsonl_path", None, "append one breakdown record per finished request to this file"
     ),
     Variable(
-        "SGLANG_MMTRACE_OTLP_ENDPOINT",
+        SGLANG_MMTRACE_OTLP_ENDPOINT,
         "otlp_endpoint",
         None,
-        "OTLP span export (falls back to OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)",
+        "OTLP span export, a base (http/protobuf: /v1/traces appended) or a URL naming the path (falls back "
+        "to OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, used as given, then OTEL_EXPORTER_OTLP_ENDPOINT, a base); "
+        "service name, resource, TLS, headers and OTEL_SDK_DISABLED as the OpenTelemetry SDK reads them",
         fallbacks=(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT),
     ),
     Variable(
         "SGLANG_MMTRACE_OTLP_PROTOCOL",
         "otlp_protocol",
         "http/protobuf",
-        "grpc or http/protobuf",
-        fallbacks=(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,),
+        "grpc or http/protobuf (falls back to OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL)",
+        fallbacks=(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL),
     ),
     Variable(
         "SGLANG_MMTRACE_OTLP_METRICS",
@@ -136,7 +153,8 @@ VARIABLES: tuple[Variable, ...] = (
         "SGLANG_MMTRACE_SAMPLE",
         "sample",
         1.0,
-        "fraction of requests that get spans (records always count every request)",
+        "fraction of requests that get spans (records always count every request), as a parent-based "
+        "trace-id ratio sampler; OTEL_TRACES_SAMPLER (with OTEL_TRACES_SAMPLER_ARG), where set, replaces it",
         _fraction,
     ),
     Variable("SGLANG_MMTRACE_METRICS", "metrics", True, "Prometheus metrics", _flag),

@@ -22,6 +22,7 @@ from sglang_mmtrace.cli.demo import PluginLines
 from sglang_mmtrace.config import Config
 from sglang_mmtrace.join.collector import JOINED_STAGES
 from sglang_mmtrace.manifest_check import MATRIX_BEGIN, MATRIX_END
+from sglang_mmtrace.sinks import otlp
 from sglang_mmtrace.stages import STAGES
 
 SINKS = ("plugin", "jsonl", "otlp", "prometheus", "nvtx", "gpu timing")
@@ -176,7 +177,7 @@ def test_exporter_that_does_not_load_exit_nonzero(monkeypatch, capsys, listening
 
 
 def test_http_endpoint_without_scheme_is_a_problem(listening):
-    problem = doctor.otlp_problem(f"127.0.0.1:{listening}", "http/protobuf")
+    problem = doctor.otlp_problem(otlp.settings(Config(otlp_endpoint=f"127.0.0.1:{listening}")))
     assert problem is not None and "needs http:// or https://" in problem
 
 

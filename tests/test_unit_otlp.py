@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from sglang_mmtrace.config import Config
 from sglang_mmtrace.join.record import EmitContext
-from sglang_mmtrace.sinks.otlp import OtlpSink
+from sglang_mmtrace.sinks.otlp import OtlpSink, settings
 
 
 def _stage(name, process, start, dur, **attrs):
@@ -18,7 +19,7 @@ def _stage(name, process, start, dur, **attrs):
 
 def test_record_becomes_one_trace_with_catalogue_parentage():
     exporter = InMemorySpanExporter()
-    sink = OtlpSink("http://unused", "http/protobuf", 1.0, exporter=exporter)
+    sink = OtlpSink(settings(Config(otlp_endpoint="http://unused")), exporter=exporter)
     rec = {
         "rid": "r1",
         "arrival_unix_s": 1000.0,
@@ -39,7 +40,7 @@ def test_record_becomes_one_trace_with_catalogue_parentage():
         ],
     }
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    sink.emit(rec, EmitContext(traceparent, {"api": 11, "scheduler": 22}))
+    sink.emit(rec, EmitContext({"traceparent": traceparent}, {"api": 11, "scheduler": 22}))
     sink.processor.force_flush()
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert set(spans) == {s["name"] for s in rec["stages"]}

@@ -21,6 +21,7 @@ import re
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from .. import config
@@ -184,10 +185,15 @@ def _sinks(cfg: config.Config) -> list[str]:
     print("    plugin        on")
     print(f"    jsonl         {cfg.jsonl_path or 'off (set SGLANG_MMTRACE_JSONL)'}")
     problem = None
-    if cfg.otlp_endpoint:
-        problem = otlp_problem(cfg.otlp_endpoint, cfg.otlp_protocol)
+    otlp = _otlp_settings(cfg)
+    if otlp is None:
+        problem = "the OpenTelemetry SDK does not load (the otlp line above)" if cfg.otlp_endpoint else None
+    elif otlp.disabled:
+        print("    otlp          off (OTEL_SDK_DISABLED=true)")
+    elif otlp.endpoint is not None:
+        problem = otlp_problem(otlp)
         state = "NOT WORKING (why: the last lines)" if problem else "exporter loads, endpoint reachable"
-        print(f"    otlp          {cfg.otlp_endpoint} ({cfg.otlp_protocol}): {state}")
+        print(f"    otlp          {otlp.endpoint} ({otlp.protocol}): {state}")
     else:
         print("    otlp          off (set SGLANG_MMTRACE_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)")
     if cfg.metrics:
@@ -199,6 +205,8 @@ def _sinks(cfg: config.Config) -> list[str]:
         print("    prometheus    off (SGLANG_MMTRACE_METRICS=0)")
     print(f"    nvtx          {_nvtx_state(cfg)}")
     print(f"    gpu timing    {_gpu_timing_state(cfg)}")
+    if otlp is not None:
+        _print_otel(otlp)
     return [problem] if problem else []
 
 
@@ -215,12 +223,46 @@ def otlp_address(endpoint: str, protocol: str) -> tuple[str, int]:
     return parts.hostname, 80 if parts.scheme == "http" and protocol != "grpc" else 443
 
 
-def otlp_problem(endpoint: str, protocol: str) -> str | None:
-    """Why spans would not reach ``endpoint`` over ``protocol``, in one line; None when they could.
+def _otlp_settings(cfg: config.Config) -> Any:
+    """The span export's effective settings (``sinks.otlp.settings``); None where the OpenTelemetry
+    packages do not load (the line that builds the exporter says why)."""
+    try:
+        from ..sinks.otlp import settings
+    except Exception as exc:
+        print(f"    otlp          the OpenTelemetry SDK does not load: {exc!r}")
+        return None
+    return settings(cfg)
+
+
+def _print_otel(s: Any) -> None:
+    """One block: what the OpenTelemetry environment resolves to, as the collector would build it."""
+    if s.protocol == "grpc" and s.insecure is not None:
+        tls = "no (plaintext gRPC)" if s.insecure else "yes"
+    elif s.endpoint is not None:
+        tls = "yes" if urlsplit(s.endpoint).scheme == "https" else "no"
+    else:
+        tls = "-"
+    print("otel:")
+    print(f"    service.name  {s.service_name}")
+    print(f"    protocol      {s.protocol}")
+    print(f"    endpoint      {s.endpoint or 'unset'}" + (f" (from {s.endpoint_from})" if s.endpoint else ""))
+    print(f"    tls           {tls}")
+    sampler = s.sampler.get_description()
+    if sampler.startswith("ParentBased{root:"):  # the other four branches are the SDK's fixed ones
+        sampler = "parent-based, root " + sampler.removeprefix("ParentBased{root:").split(",", 1)[0]
+    print(f"    sampler       {sampler}")
+    print(f"    propagators   {s.propagators}")
+    print(f"    sdk disabled  {'yes (OTEL_SDK_DISABLED=true)' if s.disabled else 'no'}")
+
+
+def otlp_problem(s: Any) -> str | None:
+    """Why spans would not reach the endpoint of ``s`` (``sinks.otlp.OtlpSettings``), in one line;
+    None when they could.
 
     Builds the exporter the collector would build (so a broken install shows here, not as one
     warning in a server log) and opens, then closes, one TCP connection to its address.
     """
+    endpoint, protocol = s.endpoint, s.protocol
     if protocol not in OTLP_PROTOCOLS:
         return (
             f"unknown OTLP protocol {protocol!r} for {endpoint} (expected {' or '.join(OTLP_PROTOCOLS)}; "
@@ -229,7 +271,7 @@ def otlp_problem(endpoint: str, protocol: str) -> str | None:
     try:
         from ..sinks.otlp import make_exporter
 
-        make_exporter(endpoint, protocol).shutdown()
+        make_exporter(s).shutdown()
     except Exception as exc:
         return f"the OTLP {protocol} exporter for {endpoint} does not load: {exc!r}"
     if protocol == "http/protobuf" and urlsplit(endpoint).scheme not in ("http", "https"):

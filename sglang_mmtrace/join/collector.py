@@ -362,8 +362,8 @@ class Collector:
         if self.occupancy:
             record["occupancy"] = self.occupancy  # as last sampled (``_sync_health``): report's occupancy rows
         self._records += 1
-        parent = trace.sglang_traceparent or (trace.http.traceparent if trace.http is not None else None)
-        ctx = EmitContext(parent, self._pids(remote, api_pid))
+        carrier = trace.sglang_trace_headers or (trace.http.trace_headers if trace.http is not None else None)
+        ctx = EmitContext(carrier or {}, self._pids(remote, api_pid))
         parts = self._setting_of(trace).enabled
         for sink in self.sinks:
             if sink.PART not in parts:
@@ -635,25 +635,34 @@ def _join_stages(trace: ApiTrace, remote: list[StageEvent]) -> list[StageEvent]:
 
 
 def _trace_id(http: HttpCtx | None) -> str | None:
-    tp = http.traceparent if http is not None else None
-    if tp:
-        parts = tp.split("-")
-        if len(parts) >= 4 and len(parts[1]) == 32:
-            return parts[1]
-    return None
+    """The incoming trace's id where the caller's context is valid and sampled (its trace exists);
+    None otherwise. The OTLP sink, where it runs, replaces it with the id of the trace it exported."""
+    headers = http.trace_headers if http is not None else None
+    if not headers:
+        return None
+    from opentelemetry import propagate
+    from opentelemetry import trace as trace_api
+
+    span_context = trace_api.get_current_span(propagate.extract(headers)).get_span_context()
+    return format(span_context.trace_id, "032x") if span_context.is_valid and span_context.trace_flags.sampled else None
 
 
 def _sinks(cfg: Config) -> list[Sink]:
     sinks: list[Sink] = []
     if cfg.otlp_endpoint:
         try:
-            from ..sinks.otlp import OtlpSink
+            from ..sinks.otlp import OtlpSink, settings
 
-            sinks.append(OtlpSink(cfg.otlp_endpoint, cfg.otlp_protocol, cfg.sample))
-            if cfg.otlp_metrics:
-                from ..sinks.genai import GenAiOtlpMetrics
+            otlp = settings(cfg)
+            if otlp.exports:  # not with OTEL_SDK_DISABLED=true
+                sinks.append(OtlpSink(otlp))
+                if cfg.otlp_metrics:
+                    from ..sinks.genai import GenAiOtlpMetrics
 
-                sinks.append(GenAiOtlpMetrics(cfg.otlp_endpoint, cfg.otlp_protocol))
+                    metrics = GenAiOtlpMetrics(
+                        cfg.otlp_endpoint, cfg.otlp_protocol, otlp.service_name, insecure=otlp.insecure
+                    )
+                    sinks.append(metrics)
         except Exception as exc:  # a broken install of the opentelemetry packages (they are dependencies)
             telemetry.warn("OTLP export disabled: %r", exc)
     if cfg.jsonl_path:

@@ -44,7 +44,7 @@ class HttpCtx:
         "error",
         "traces",
         "convert",
-        "traceparent",
+        "trace_headers",
         "path",
         "internal",
         "gen",
@@ -65,7 +65,9 @@ class HttpCtx:
         self.traces: list[ApiTrace] = []
         self.convert: tuple[float, float] | None = None
         """The OpenAI conversion's call (start, end): ``openai.convert`` is filed from it by the collector."""
-        self.traceparent: str | None = None
+        self.trace_headers: dict[str, str] | None = None
+        """The incoming trace context: the headers the configured propagators read (``traceparent``,
+        ``tracestate``, ``baggage`` by default)."""
         self.internal = path in INTERNAL_PATHS  # SGLang's own health probes: joined, never reported
         self.gen = switch.generation  # recorded only if it ends in the same switch generation
         self.gen_end: int | None = None  # the generation when the last body byte was sent
@@ -96,7 +98,7 @@ class ApiTrace:
         "finish_reason",
         "tm_error",
         "closed",
-        "sglang_traceparent",
+        "sglang_trace_headers",
         "error_class",
         "content",
         "discard",
@@ -126,7 +128,7 @@ class ApiTrace:
         self.finish_reason: Any = None
         self.tm_error: str | None = None
         self.closed = False
-        self.sglang_traceparent: str | None = None  # SGLang's own root span, when --enable-trace is on
+        self.sglang_trace_headers: dict[str, str] | None = None  # SGLang's own root span (--enable-trace)
         self.error_class: str | None = None  # exception class that failed the request in a hook's target
         self.content: dict[str, Any] | None = None  # prompt and image URLs, only with CAPTURE_CONTENT=1
         self.discard = False  # crossed a switch flip: no record

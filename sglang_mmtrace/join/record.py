@@ -30,7 +30,9 @@ class StageEvent:
 class EmitContext:
     """What sinks may need beyond the record: never written to the record itself."""
 
-    traceparent: str | None = None
+    carrier: dict[str, str] = field(default_factory=dict)
+    """The incoming trace context's headers (``OTEL_PROPAGATORS``' fields: by default ``traceparent``,
+    ``tracestate``, ``baggage``), for the configured propagator to extract."""
     pids: dict[str, int] = field(default_factory=dict)  # SGLang process kind -> pid
 
 

@@ -91,7 +91,14 @@ class GenAiOtlpMetrics:
 
     PART = "otlp"  # the switch part that gates this sink
 
-    def __init__(self, endpoint: str, protocol: str, service_name: str = "sglang", exporter: Any = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        protocol: str,
+        service_name: str = "sglang",
+        exporter: Any = None,
+        insecure: bool | None = True,
+    ) -> None:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
@@ -101,7 +108,9 @@ class GenAiOtlpMetrics:
             View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(list(bounds)))
             for name, (_, bounds) in METRICS.items()
         ]
-        self.reader = PeriodicExportingMetricReader(exporter or make_metric_exporter(endpoint, protocol))
+        self.reader = PeriodicExportingMetricReader(
+            exporter or make_metric_exporter(endpoint, protocol, insecure=insecure)
+        )
         resource = Resource.create(
             {"service.name": service_name, "sglang.process": "collector", "process.pid": os.getpid()}
         )
@@ -122,15 +131,16 @@ class GenAiOtlpMetrics:
             telemetry.contained("sink.otlp_metrics.close", exc)
 
 
-def make_metric_exporter(endpoint: str, protocol: str, timeout_s: float = 5.0) -> Any:
-    """OTLP metric exporter for the spans' endpoint: ``/v1/metrics`` over HTTP, MetricsService over gRPC."""
+def make_metric_exporter(endpoint: str, protocol: str, timeout_s: float = 5.0, insecure: bool | None = True) -> Any:
+    """OTLP metric exporter for the spans' endpoint: ``/v1/metrics`` over HTTP, MetricsService over gRPC
+    (TLS as the spans' channel: ``insecure``, ``sinks.otlp.OtlpSettings``)."""
     from .otlp import otlp_url, quiet_exporter_logs
 
     quiet_exporter_logs()
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
-        return GrpcExporter(endpoint=endpoint.split("://", 1)[-1], insecure=True, timeout=timeout_s)
+        return GrpcExporter(endpoint=endpoint, insecure=insecure, timeout=timeout_s)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
     return HttpExporter(endpoint=otlp_url(endpoint, "metrics"), timeout=timeout_s)

@@ -4,19 +4,28 @@ Spans are created in the collector process with explicit start/end times (off th
 tagged with the resource of the SGLang process that did the work (api, scheduler, detokenizer),
 and exported in batches by a background thread with a bounded queue: a slow or absent collector
 drops spans (``sglang_mmtrace_dropped_total{sink="otlp"}``) and never blocks a request.
+
+The standard OpenTelemetry environment is honoured as the SDK and ``opentelemetry-instrument``
+honour it (``settings``): users run the plugin beside a collector configured for their other
+services, and a setting the plugin ignored would send its spans elsewhere, unencrypted, unsampled or
+under another service name than theirs.
 """
 
 from __future__ import annotations
 
 import logging
-import random
+import os
 import threading
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace import SpanProcessor
 
+from .. import environment_variables as ev
 from .. import telemetry
+from ..config import Config
 from ..join.record import EmitContext
 from ..stages import ROOT, STAGES
 
@@ -24,6 +33,11 @@ ATTR_PREFIX = "sglang_mmtrace."
 MAX_QUEUE = 8192
 BATCH = 512
 EXPORT_INTERVAL_S = 0.2
+SERVICE_NAME = "sglang"
+"""``service.name`` where neither ``OTEL_SERVICE_NAME`` nor ``OTEL_RESOURCE_ATTRIBUTES`` names one."""
+TIMEOUT_S = 5.0
+"""Export timeout where ``OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT`` sets none: shorter than the SDK's, so
+a hung collector holds the export thread less long."""
 
 
 EXPORTER_LOGGERS = (
@@ -60,16 +74,122 @@ def quiet_exporter_logs() -> None:
             log.addFilter(_FirstOfEachMessage())
 
 
-def make_exporter(endpoint: str, protocol: str, timeout_s: float = 5.0) -> Any:
+def _true(raw: str | None) -> bool | None:
+    """An OpenTelemetry boolean (``true``, case-insensitive, is true); None where unset."""
+    return None if raw is None else raw.strip().lower() == "true"
+
+
+@dataclass(frozen=True)
+class OtlpSettings:
+    """The span export's effective settings, from the plugin's variables and the OpenTelemetry ones.
+
+    What the SDK's exporter reads from the environment by itself (headers, certificates, client keys,
+    compression, timeouts) is left to it, so it is read exactly as the SDK reads it.
+    """
+
+    disabled: bool
+    """``OTEL_SDK_DISABLED=true``: no span export, and so no record or exemplar points at a trace."""
+    protocol: str
+    endpoint: str | None
+    """The URL (http/protobuf) or target (gRPC) the exporter is given; None: no span export."""
+    endpoint_from: str | None
+    """The variable the endpoint came from."""
+    insecure: bool | None
+    """gRPC only: a plaintext channel (True) or TLS (False)."""
+    service_name: str
+    sampler: Any
+    propagators: str
+
+    @property
+    def exports(self) -> bool:
+        return self.endpoint is not None and not self.disabled
+
+
+def settings(cfg: Config) -> OtlpSettings:
+    """The effective settings for ``cfg`` in this process's environment.
+
+    Endpoint: ``SGLANG_MMTRACE_OTLP_ENDPOINT`` (a base, or a URL that already names a signal's
+    path); else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, used as given (the spec's per-signal rule);
+    else ``OTEL_EXPORTER_OTLP_ENDPOINT``, a base that gets ``/v1/traces`` over HTTP. gRPC's TLS: an
+    ``https`` endpoint gets it, an ``http`` one does not, one without a scheme follows
+    ``OTEL_EXPORTER_OTLP_[TRACES_]INSECURE``, whose default is the SDK's (TLS) except for the
+    plugin's own variable, whose scheme-less ``host:port`` always meant plaintext.
+    """
+    env = os.environ
+    endpoint, source = _endpoint(cfg)
+    protocol = cfg.otlp_protocol
+    insecure = None
+    if endpoint is not None:
+        if protocol == "grpc":
+            scheme = urlsplit(endpoint).scheme if "://" in endpoint else ""
+            if scheme in ("http", "https"):
+                insecure = scheme == "http"
+            else:
+                chosen = _true(
+                    env.get(ev.OTEL_EXPORTER_OTLP_TRACES_INSECURE) or env.get(ev.OTEL_EXPORTER_OTLP_INSECURE)
+                )
+                insecure = chosen if chosen is not None else source == ev.SGLANG_MMTRACE_OTLP_ENDPOINT
+        elif source == ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:
+            pass  # used as given
+        elif source == ev.OTEL_EXPORTER_OTLP_ENDPOINT:
+            endpoint = f"{endpoint.rstrip('/')}/v1/traces"
+        else:
+            endpoint = otlp_url(endpoint, "traces")
+    return OtlpSettings(
+        disabled=bool(_true(env.get(ev.OTEL_SDK_DISABLED))),
+        protocol=protocol,
+        endpoint=endpoint,
+        endpoint_from=source,
+        insecure=insecure,
+        service_name=_service_name(),
+        sampler=_sampler(cfg),
+        propagators=env.get(ev.OTEL_PROPAGATORS) or "tracecontext,baggage",
+    )
+
+
+def _endpoint(cfg: Config) -> tuple[str | None, str | None]:
+    """``cfg``'s endpoint and the variable it came from (``Variable.value``'s order)."""
+    names = (ev.SGLANG_MMTRACE_OTLP_ENDPOINT, ev.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, ev.OTEL_EXPORTER_OTLP_ENDPOINT)
+    source = next((n for n in names if os.environ.get(n)), ev.SGLANG_MMTRACE_OTLP_ENDPOINT)
+    return (cfg.otlp_endpoint, source) if cfg.otlp_endpoint else (None, None)
+
+
+def _service_name() -> str:
+    """As the SDK's resource detector reads it: ``OTEL_SERVICE_NAME`` over ``OTEL_RESOURCE_ATTRIBUTES``."""
+    from opentelemetry.sdk.resources import SERVICE_NAME as KEY
+    from opentelemetry.sdk.resources import OTELResourceDetector
+
+    return str(OTELResourceDetector().detect().attributes.get(KEY) or SERVICE_NAME)
+
+
+def _sampler(cfg: Config) -> Any:
+    """``OTEL_TRACES_SAMPLER`` (and ``_ARG``) as the SDK parses them; else ``SGLANG_MMTRACE_SAMPLE``
+    below 1 as a parent-based trace-id ratio (a request continuing a caller's trace follows the
+    caller's decision, so a trace is never half exported); else the SDK's default (parent-based,
+    always on)."""
+    from opentelemetry.sdk.trace import sampling
+
+    if os.environ.get(ev.OTEL_TRACES_SAMPLER):
+        # The parser TracerProvider itself calls without a sampler: the SDK's names, defaults and
+        # warnings; called here so the doctor can show the sampler the sink will use.
+        return sampling._get_from_env_or_default()
+    if cfg.sample < 1.0:
+        return sampling.ParentBasedTraceIdRatio(cfg.sample)
+    return sampling.DEFAULT_ON
+
+
+def make_exporter(s: OtlpSettings) -> Any:
+    """The SDK's OTLP span exporter for ``s``; it reads headers, certificates and compression itself."""
     quiet_exporter_logs()
-    if protocol == "grpc":
+    env_timeout = os.environ.get(ev.OTEL_EXPORTER_OTLP_TRACES_TIMEOUT) or os.environ.get(ev.OTEL_EXPORTER_OTLP_TIMEOUT)
+    timeout = None if env_timeout else TIMEOUT_S
+    if s.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-        target = endpoint.split("://", 1)[-1]
-        return GrpcExporter(endpoint=target, insecure=True, timeout=timeout_s)
+        return GrpcExporter(endpoint=s.endpoint, insecure=s.insecure, timeout=timeout)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-    return HttpExporter(endpoint=otlp_url(endpoint, "traces"), timeout=timeout_s)
+    return HttpExporter(endpoint=s.endpoint, timeout=timeout)
 
 
 def otlp_url(endpoint: str, signal: str) -> str:
@@ -130,14 +250,13 @@ class _BoundedBatchProcessor(SpanProcessor):
 class OtlpSink:
     PART = "otlp"  # the switch part that gates this sink
 
-    def __init__(
-        self, endpoint: str, protocol: str, sample: float, service_name: str = "sglang", exporter: Any = None
-    ) -> None:
+    def __init__(self, settings: OtlpSettings, exporter: Any = None) -> None:
+        from opentelemetry import propagate
         from opentelemetry.sdk.trace import TracerProvider
 
-        self.sample = sample
-        self.processor = _BoundedBatchProcessor(exporter or make_exporter(endpoint, protocol))
-        self.service_name = service_name
+        self.settings = settings
+        self.processor = _BoundedBatchProcessor(exporter or make_exporter(settings))
+        self._propagator = propagate.get_global_textmap()  # OTEL_PROPAGATORS, as the SDK reads it
         self._providers: dict[tuple[str, int | None], Any] = {}
         self._tracer_provider_cls = TracerProvider
         self.pids: dict[str, int] = {}
@@ -149,27 +268,25 @@ class OtlpSink:
         if provider is None:
             from opentelemetry.sdk.resources import Resource
 
-            attrs: dict[str, Any] = {"service.name": self.service_name, "sglang.process": process}
+            # Resource.create merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME under these.
+            attrs: dict[str, Any] = {"service.name": self.settings.service_name, "sglang.process": process}
             if pid is not None:
                 attrs["process.pid"] = pid
-            provider = self._tracer_provider_cls(resource=Resource.create(attrs))
+            provider = self._tracer_provider_cls(resource=Resource.create(attrs), sampler=self.settings.sampler)
             provider.add_span_processor(self.processor)
             self._providers[key] = provider
         return provider.get_tracer("sglang_mmtrace")
 
     def emit(self, rec: dict[str, Any], ctx: EmitContext) -> None:
-        """Build the request's spans; sets ``rec["trace_id"]`` so the JSONL record points at the trace."""
-        if self.sample < 1.0 and random.random() >= self.sample:
-            return
+        """Build the request's spans. ``rec["trace_id"]`` becomes the trace's id when the sampler kept
+        it, and None when it did not: a record or exemplar never points at a trace that was not
+        exported."""
         from opentelemetry import trace
         from opentelemetry.trace import Status, StatusCode
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         base_ns = int(rec["arrival_unix_s"] * 1e9)
         self.pids = ctx.pids
-        parent_ctx = None
-        if ctx.traceparent:
-            parent_ctx = TraceContextTextMapPropagator().extract({"traceparent": ctx.traceparent})
+        parent_ctx = self._propagator.extract(ctx.carrier) if ctx.carrier else None
         stages = rec["stages"]
         root_stage = next((s for s in stages if s["name"] == ROOT), None)
         end_s = (
@@ -193,6 +310,11 @@ class OtlpSink:
                 ATTR_PREFIX + "ttft_s": rec.get("ttft_s") or 0.0,
             },
         )
+        span_context = root.get_span_context()
+        if not (span_context.is_valid and span_context.trace_flags.sampled):
+            rec["trace_id"] = None  # the sampler dropped the trace (or the SDK is disabled)
+            return
+        rec["trace_id"] = format(span_context.trace_id, "032x")
         if rec.get("warmup"):
             root.set_attribute(ATTR_PREFIX + "warmup", True)  # kept in traces, marked for filtering
         content = rec.get("content")
@@ -203,7 +325,6 @@ class OtlpSink:
                 root.set_attribute(ATTR_PREFIX + "content.image_urls", list(content["image_urls"]))
         if rec["status"] != "ok":
             root.set_status(Status(StatusCode.ERROR, rec.get("error") or rec["status"]))
-        rec["trace_id"] = format(root.get_span_context().trace_id, "032x")
         spans: dict[str, Any] = {ROOT: root}
         for s in sorted(
             (s for s in stages if s["name"] != ROOT),

@@ -28,6 +28,7 @@ class MmtraceMiddleware:
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        self.trace_fields = _trace_fields()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
@@ -43,7 +44,7 @@ class MmtraceMiddleware:
         if not _http.on:
             await self.app(scope, receive, send)
             return
-        ctx = guarded(COMPONENT, _open, scope)
+        ctx = guarded(COMPONENT, _open, scope, self.trace_fields)
         if ctx is None:
             await self.app(scope, receive, send)
             return
@@ -87,12 +88,23 @@ class MmtraceMiddleware:
                 guarded(COMPONENT, runtime.collector.finish_http, ctx)
 
 
-def _open(scope: dict) -> HttpCtx:
+def _trace_fields() -> frozenset[bytes]:
+    """The headers the configured propagators (``OTEL_PROPAGATORS``, as the OpenTelemetry API reads
+    it) extract a trace context from, as ASGI spells header names: only these are kept, never the
+    request's other headers (credentials among them)."""
+    from opentelemetry import propagate
+
+    return frozenset(f.lower().encode("latin-1") for f in propagate.get_global_textmap().fields)
+
+
+def _open(scope: dict, trace_fields: frozenset[bytes]) -> HttpCtx:
     ctx = HttpCtx(now(), scope.get("path", ""))
     scope.setdefault("state", {})["mmtrace"] = ctx
     for key, value in scope.get("headers") or ():
-        if key == b"traceparent":
-            ctx.traceparent = value.decode("latin-1")
+        if key in trace_fields:
+            if ctx.trace_headers is None:
+                ctx.trace_headers = {}
+            ctx.trace_headers[key.decode("latin-1")] = value.decode("latin-1")
         elif key == WARMUP_HEADER:
             ctx.warmup = value.strip().lower() in (b"1", b"true", b"yes")
     return ctx

@@ -38,7 +38,7 @@ def _init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         trace = ApiTrace(rid, http, model, t1 if call is None else call.t_call)
         state = trace.sglang_state = states.get(rid)  # read at the hand-over: dispatch's times
         if getattr(instance, "enable_trace", True):  # SGLang's own tracing (a release without the flag: look)
-            trace.sglang_traceparent = _sglang_traceparent(getattr(state, "time_stats", None))
+            trace.sglang_trace_headers = _sglang_trace_headers(getattr(state, "time_stats", None))
         trace.warmup = warmup
         if capture:
             trace.content = _content(instance, obj, i if isinstance(obj.rid, list) else None)
@@ -68,7 +68,7 @@ def _content(instance: Any, obj: Any, i: int | None) -> dict[str, Any]:
     return {"prompt": prompt if isinstance(prompt, str) else None, "image_urls": urls}
 
 
-def _sglang_traceparent(stats: Any) -> str | None:
+def _sglang_trace_headers(stats: Any) -> dict[str, str] | None:
     """With SGLang's --enable-trace on, our spans join its trace under its root span."""
     trace_ctx = getattr(stats, "trace_ctx", None)
     if not getattr(trace_ctx, "tracing_enable", False) or getattr(trace_ctx, "root_span_context", None) is None:
@@ -77,7 +77,7 @@ def _sglang_traceparent(stats: Any) -> str | None:
 
     carrier: dict[str, str] = {}
     propagate.inject(carrier, context=trace_ctx.root_span_context)
-    return carrier.get("traceparent")
+    return carrier or None
 
 
 def _tokenize_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
