@@ -3,19 +3,20 @@
 ``peers/nvtx_capture.c`` is compiled here with gcc against the NVTX v3 headers of the installed
 NVIDIA wheel and named in ``NVTX_INJECTION64_PATH``; SGLang's scheduler and detokenizer inherit
 the variable, so every process of the server writes its ranges (pid, tid, monotonic time, domain,
-message, colour) to its own file. Nsight Systems attaches the same way.
+message, colour, category, payload) to its own file. Nsight Systems attaches the same way.
 
 The tests compare those ranges with the JSONL records of the same requests: which processes and
 threads pushed them, whether they nest, and whether every stage the plugin brackets with a range
-shows up with the request's rid.
+shows up with the request's key (``sinks.nvtx.request_key``) as its payload, or on a mark inside
+the range for a batch stage.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from conftest import records, server_context, start_server, state
 from peers import nvtx as cap
 
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
-from sglang_mmtrace.sinks.nvtx import DOMAIN
+from sglang_mmtrace.sinks.nvtx import DOMAIN, GROUP_COLORS, request_key
 from sglang_mmtrace.stages import STAGES
 
 pytestmark = pytest.mark.server
@@ -38,9 +39,8 @@ RANGED_STAGES = frozenset(
     if name in ("tokenize", "transport.prepare", "dispatch", "scheduler.prefix_match", "scheduler.output", "detokenize")
     or name.startswith(("mm.", "model."))
 )
-"""Stages the plugin brackets with an NVTX range carrying the rid (or ``n=<k> rids=...``)."""
+"""Stages the plugin brackets with an NVTX range for the request (or the batch) it works on."""
 PER_IMAGE = ("mm.load", "mm.decode")
-DETAIL = re.compile(r"^(?:rid=(?P<rid>\S+)|n=(?P<n>\d+) rids=(?P<rids>\S+))$")
 
 
 @dataclass
@@ -51,20 +51,32 @@ class Capture:
     rids: list[str]
     records: dict[str, dict[str, Any]]
     pids: dict[str, set[int]]  # api / scheduler / detokenizer -> pids
+    registered: list[cap.Event]  # every string registered in our domain, start-up included
 
     def kind_of(self, pid: int) -> str | None:
         return next((k for k, v in self.pids.items() if pid in v), None)
 
+    @cached_property
+    def marks(self) -> dict[tuple[int, int], list[int]]:
+        """(pid, line) of each opened range -> the keys of the marks made right after it on its thread."""
+        out: dict[tuple[int, int], list[int]] = defaultdict(list)
+        last: dict[tuple[int, int], cap.Event] = {}
+        for e in sorted(self.events, key=lambda e: (e.pid, e.line_no)):
+            if e.kind in "PB":
+                last[e.pid, e.tid] = e
+            elif e.kind == "M" and (host := last.get((e.pid, e.tid))) is not None and host.message == e.message:
+                out[host.pid, host.line_no].append(e.payload)
+        return out
+
+    def keys_of(self, event: cap.Event) -> list[int]:
+        """The request keys a range names: its payload, or a batch range's marks."""
+        if isinstance(event.payload, int):
+            return [event.payload]
+        return self.marks.get((event.pid, event.line_no), [])
+
     def describe(self, limit: int = 60) -> str:
-        lines = [f"{e.kind} pid={e.pid} tid={e.tid} {e.message}" for e in self.events[:limit]]
+        lines = [f"{e.kind} pid={e.pid} tid={e.tid} {e.message} payload={e.payload}" for e in self.events[:limit]]
         return f"\ncapture dir {self.folder}; first {limit} of {len(self.events)} events:\n" + "\n".join(lines)
-
-
-def rids_of(event: cap.Event) -> list[str]:
-    m = DETAIL.match(event.detail)
-    if m is None:
-        return []
-    return [m["rid"]] if m["rid"] else m["rids"].split(",")
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +124,9 @@ def nvtx_capture(tmp_path_factory, capture_lib) -> Capture:
         for key in state(srv).get("peers", {}):
             process, _, pid = key.partition(":")
             pids[process].add(int(pid))
-        events = [ev for ev in cap.read_events(out, offsets) if ev.domain == DOMAIN and ev.kind != "D"]
-        yield Capture(srv, out, events, rids, recs, dict(pids))
+        events = [ev for ev in cap.read_events(out, offsets) if ev.domain == DOMAIN and ev.kind in "PBOEM"]
+        registered = [ev for ev in cap.read_events(out) if ev.domain == DOMAIN and ev.kind == "S"]
+        yield Capture(srv, out, events, rids, recs, dict(pids), registered)
 
 
 def test_capture_library_builds_and_loads(nvtx_capture):
@@ -140,27 +153,35 @@ def test_ranges_in_api_scheduler_and_detokenizer(nvtx_capture):
 
 
 def test_range_names_are_catalogue_stages_of_their_process(nvtx_capture):
+    """Messages are stage names (so the registered strings stay within the catalogue however many
+    requests pass); a per-request stage's range carries its request's key, a batch stage's range none
+    (its marks do)."""
     problems = []
+    marks = nvtx_capture.marks
     for e in nvtx_capture.events:
         if e.kind not in "PBM":
             continue
-        stage = STAGES.get(e.stage)
+        stage = STAGES.get(e.message)
         if stage is None:
-            problems.append(f"range {e.message!r} (pid {e.pid}): {e.stage!r} is not a catalogue stage")
+            problems.append(f"range {e.message!r} (pid {e.pid}): not a catalogue stage")
             continue
         kind = nvtx_capture.kind_of(e.pid)
         if stage.process != kind:
             problems.append(f"range {e.message!r} pushed in the {kind} process, the catalogue says {stage.process}")
-        if e.detail:
-            m = DETAIL.match(e.detail)
-            if re.fullmatch(r"n=0 rids=", e.detail):
-                problems.append(f"range {e.message!r} names no request (a batch range for an empty set of rids)")
-            elif m is None:
-                problems.append(f"range {e.message!r}: detail is neither 'rid=<rid>' nor 'n=<k> rids=<a,b>'")
-            elif m["n"] is not None and int(m["n"]) != len(m["rids"].split(",")):
-                problems.append(f"range {e.message!r}: n={m['n']} but {len(m['rids'].split(','))} rids")
-        elif e.stage in RANGED_STAGES:
-            problems.append(f"range {e.message!r} (a per-request stage) carries no rid")
+        if e.kind == "M":
+            if not isinstance(e.payload, int):
+                problems.append(f"mark {e.message!r} (pid {e.pid}) carries no request key: {e.payload!r}")
+        elif stage.batch:
+            if e.payload is not None or not marks.get((e.pid, e.line_no)):
+                problems.append(
+                    f"batch range {e.message!r}: payload {e.payload!r}, marks {marks.get((e.pid, e.line_no))}"
+                )
+        elif e.message in RANGED_STAGES and not isinstance(e.payload, int):
+            problems.append(f"range {e.message!r} (a per-request stage) carries no request key: {e.payload!r}")
+    registered = Counter((e.pid, e.message) for e in nvtx_capture.registered)
+    outside = sorted({m for _, m in registered} - set(STAGES))
+    if outside or any(n > 1 for n in registered.values()):
+        problems.append(f"registered strings outside the catalogue {outside[:5]} or twice in a process")
     assert not problems, "\n".join(problems[:40]) + nvtx_capture.describe()
 
 
@@ -195,14 +216,18 @@ def test_pushed_ranges_nest_per_thread_and_start_end_ranges_close(nvtx_capture):
 
 
 def test_every_ranged_stage_of_every_record_has_its_range(nvtx_capture):
+    rid_of = {request_key(rid): rid for rid in nvtx_capture.rids}
     by_rid: dict[str, Counter[str]] = defaultdict(Counter)
+    unknown = set()
     for e in nvtx_capture.events:
         if e.kind in "PB":
-            for rid in rids_of(e):
-                by_rid[rid][e.stage] += 1
-    unknown = set(by_rid) - set(nvtx_capture.rids)
+            for key in nvtx_capture.keys_of(e):
+                if key in rid_of:
+                    by_rid[rid_of[key]][e.message] += 1
+                else:
+                    unknown.add(key)
     assert not unknown, (
-        f"ranges name rids that are not the records' rids: {sorted(unknown)[:10]}" + nvtx_capture.describe()
+        f"ranges name request keys that are not the records' rids': {sorted(unknown)[:10]}" + nvtx_capture.describe()
     )
     problems = []
     for rid, rec in nvtx_capture.records.items():
@@ -224,33 +249,33 @@ def test_every_ranged_stage_of_every_record_has_its_range(nvtx_capture):
 
 
 def test_batch_stages_carry_the_batch_rids(nvtx_capture):
-    """Batch stages (one forward / output pass for several requests) name the batch: ``n=<k> rids=...``."""
-    batch = [e for e in nvtx_capture.events if e.kind in "PB" and (m := DETAIL.match(e.detail)) and m["n"]]
-    stages = {e.stage for e in batch}
-    assert {"scheduler.output", "detokenize", "model.prefill", "model.forward"} <= stages, stages
-    assert all(STAGES[s].batch for s in stages), stages
-    single = {
-        e.stage
-        for e in nvtx_capture.events
-        if e.kind in "PB" and DETAIL.match(e.detail) and not DETAIL.match(e.detail)["n"]
-    }
-    assert not single & {s for s in STAGES if STAGES[s].batch}, f"batch stages with a single rid= detail: {single}"
+    """Batch stages (one forward / output pass for several requests) name the batch: one mark per request."""
+    opened = [e for e in nvtx_capture.events if e.kind in "PB"]
+    batch = {e.message for e in opened if e.payload is None and nvtx_capture.keys_of(e)}
+    assert {"scheduler.output", "detokenize", "model.prefill", "model.forward"} <= batch, batch
+    assert all(STAGES[s].batch for s in batch), batch
+    single = {e.message for e in opened if isinstance(e.payload, int)}
+    assert not single & {s for s in STAGES if STAGES[s].batch}, f"batch stages with a single request key: {single}"
 
 
 def test_per_image_stages_run_off_the_api_main_thread(nvtx_capture):
     api = nvtx_capture.pids["api"]
-    per_image = [e for e in nvtx_capture.events if e.kind in "PB" and e.stage in PER_IMAGE]
-    assert {e.stage for e in per_image} == set(PER_IMAGE), Counter(e.stage for e in per_image)
-    assert all(e.pid in api for e in per_image), {(e.stage, e.pid) for e in per_image}
+    per_image = [e for e in nvtx_capture.events if e.kind in "PB" and e.message in PER_IMAGE]
+    assert {e.message for e in per_image} == set(PER_IMAGE), Counter(e.message for e in per_image)
+    assert all(e.pid in api for e in per_image), {(e.message, e.pid) for e in per_image}
     on_main = [e.message for e in per_image if e.tid == e.pid]
     assert not on_main, f"per-image ranges on the api main thread (tid == pid): {on_main}"
 
 
-def test_one_colour_per_stage_group(nvtx_capture):
+def test_one_colour_and_one_category_per_stage_group(nvtx_capture):
     colours: dict[str, set[str | None]] = defaultdict(set)
+    categories: dict[str, set[int]] = defaultdict(set)
     for e in nvtx_capture.events:
-        if e.kind in "PB" and e.stage in STAGES:
-            colours[STAGES[e.stage].group].add(e.color)
+        if e.kind in "PB" and e.message in STAGES:
+            colours[STAGES[e.message].group].add(e.color)
+            categories[STAGES[e.message].group].add(e.category)
+    assert all(len(v) == 1 and 0 not in v for v in categories.values()), dict(categories)
+    assert set(categories) <= set(GROUP_COLORS)
     assert all(len(v) == 1 and None not in v for v in colours.values()), dict(colours)
     groups = [g for g in ("mm", "transport", "scheduler", "model") if g in colours]
     assert len(groups) == 4, f"ranges seen only for the groups {sorted(colours)}"

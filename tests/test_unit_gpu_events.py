@@ -297,8 +297,8 @@ def test_resize_nvtx_range_sits_inside_the_events(
     """Enter: event, then push; exit: pop, then event (as the pre-cdbd963 ``gpu_timed`` did)."""
 
     class Domain:
-        def push_range(self, message: str, color: int) -> None:
-            log.append(f"push {message}")
+        def push_range(self, message: str, color: int, category: int, payload: int | None) -> None:
+            log.append(f"push {message} {payload == nvtx.request_key('r1')}")
 
         def pop_range(self) -> None:
             log.append("pop")
@@ -307,7 +307,7 @@ def test_resize_nvtx_range_sits_inside_the_events(
     trace = ApiTrace("r1", None, "m", 0.0)
     fn = Wrapped("process_mm_data", cuda)
     in_trace(trace, lambda: hook(RESIZE)(fn, processor(), ("text", ["img"]), {}))
-    assert log == ["record ev0", "push mm.resize_normalize rid=r1", "process_mm_data", "pop", "record ev1"]
+    assert log == ["record ev0", "push mm.resize_normalize True", "process_mm_data", "pop", "record ev1"]
 
 
 def test_resize_exception_passes_through_and_the_stage_is_still_filed(cuda: FakeCuda, log: list[str]) -> None:

@@ -1,17 +1,24 @@
 """The Nsight Systems reader on a real profile: the H200 run of ``benchmarks/gpu/gpu_check.sh OUT nsys``
 (SGLang 0.5.17, the sqlite export trimmed by ``benchmarks/gpu/trim_nsys_sqlite.py``) and the
-plugin's records of the same requests. CI has no GPU; the profile and records are committed."""
+plugin's records of the same requests. CI has no GPU; the profile and records are committed.
+
+That profile predates the request key: its messages name the rids (``<stage> rid=<rid>``), so it
+also pins the reading of old captures. The payload format (message = stage, request key as the
+payload, a batch's keys on marks inside its range) is checked on small exports built here."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from sglang_mmtrace.profiling.nsys import GPU_COMPARED, compare, read_ranges, summary
+from sglang_mmtrace.profiling import nsys
+from sglang_mmtrace.profiling.nsys import GPU_COMPARED, compare, read_ranges, records_by_key, summary
 from sglang_mmtrace.report.analysis import read_jsonl
+from sglang_mmtrace.sinks.nvtx import request_key
 
 RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-check-h200-20261130"
 
@@ -124,3 +131,104 @@ def test_inputs_that_cannot_be_read_are_one_line_and_exit_1(tmp_path, capsys):
     assert out and err == (
         f"sglang-mmtrace nsys: no ranges of the sglang_mmtrace NVTX domain in {no_ranges} (profile with -t cuda,nvtx)\n"
     )
+
+
+def _export(path: Path, events: list[tuple], kernels: list[tuple[int, int, int, int]]) -> None:
+    """A minimal ``nsys export --type sqlite`` of the payload format: the columns the reader uses.
+
+    ``events``: (start, end, eventType, message, thread, domainId, int64 payload); messages go through
+    ``StringIds`` as Nsight Systems stores registered strings. ``kernels``: (thread, launch time, GPU
+    start, GPU end), one CUDA call and the kernel it launched each.
+    """
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    db.execute(
+        "CREATE TABLE NVTX_EVENTS (start INT, end INT, eventType INT, text TEXT, globalTid INT, textId INT, "
+        "domainId INT, int64Value INT)"
+    )
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (globalTid INT, start INT, correlationId INT)")
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (correlationId INT, globalPid INT, start INT, end INT)")
+    strings: dict[str, int] = {}
+    for start, end, kind, message, tid, domain, payload in events:
+        text_id = strings.setdefault(message, len(strings) + 1)
+        db.execute("INSERT OR IGNORE INTO StringIds VALUES (?, ?)", (text_id, message))
+        db.execute(
+            "INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, NULL, ?, ?, ?, ?)",
+            (start, end, kind, tid, text_id, domain, payload),
+        )
+    for corr, (tid, launch, gpu_start, gpu_end) in enumerate(kernels, 1):
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?)", (tid, launch, corr))
+        db.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?)", (corr, tid >> 24 << 24, gpu_start, gpu_end)
+        )
+    db.commit()
+    db.close()
+
+
+def _record(rid: str, prefill_s: float) -> dict:
+    stage = {"name": "model.prefill", "clock": "cuda", "dur_s": prefill_s, "attrs": {}}
+    return {"rid": rid, "stages": [stage]}
+
+
+SCHED, API = (7 << 24) | 70, (5 << 24) | 50  # globalTid: pid in the high bits, as Nsight Systems packs it
+MARK, PUSH_POP, START_END, CREATE = nsys.MARK, nsys.PUSH_POP, nsys.START_END, nsys.DOMAIN_CREATE
+
+
+@pytest.fixture
+def payload_profile(tmp_path) -> Path:
+    """Two requests batched into one forward (a batch range and its marks), a third one's API range, and
+    another domain's range with the same name that the reader must ignore."""
+    a, b, c = request_key("rid-a"), request_key("rid-b"), request_key("rid-c")
+    path = tmp_path / "payload.sqlite"
+    events = [
+        (0, None, CREATE, "sglang_mmtrace", SCHED, 1, None),
+        (0, None, CREATE, "other", SCHED, 2, None),
+        (1000, 9000, PUSH_POP, "model.forward", SCHED, 1, None),
+        (1001, None, MARK, "model.forward", SCHED, 1, a),
+        (1002, None, MARK, "model.forward", SCHED, 1, b),
+        (1100, 8000, PUSH_POP, "model.prefill", SCHED, 1, None),
+        (1101, None, MARK, "model.prefill", SCHED, 1, a),
+        (1102, None, MARK, "model.prefill", SCHED, 1, b),
+        (1150, 1160, PUSH_POP, "model.prefill", SCHED, 2, None),
+        (1151, None, MARK, "model.prefill", SCHED, 2, c),
+        (500, 700, START_END, "mm.decode", API, 1, c),
+    ]
+    _export(path, events, [(SCHED, 1200, 2000, 2600), (SCHED, 1300, 2700, 3000)])
+    return path
+
+
+def test_the_payload_format_joins_ranges_to_records_by_request_key(payload_profile):
+    ranges = read_ranges(str(payload_profile))
+    keys = {r.stage: r.keys for r in ranges}
+    assert len(ranges) == 3 and not any(r.rids for r in ranges)  # the other domain's range is not read
+    assert keys == {
+        "model.forward": (request_key("rid-a"), request_key("rid-b")),
+        "model.prefill": (request_key("rid-a"), request_key("rid-b")),
+        "mm.decode": (request_key("rid-c"),),
+    }
+    prefill = next(r for r in ranges if r.stage == "model.prefill")
+    assert prefill.gpu_span_s() == pytest.approx(1e-6)  # first kernel start to last kernel end
+    rows = compare(ranges, [_record("rid-a", 1.0e-6), _record("rid-c", 0.5)])
+    assert [(a.stage, a.rid, a.ok) for a in rows] == [("model.prefill", "rid-a", True)]
+    s = summary(ranges, [_record("rid-c", 0.5)])
+    assert s["stages"]["mm.decode"]["nvtx_ranges"] == 1 and "model.prefill" not in s["cuda_event_vs_kernels"]
+
+
+def test_the_cli_reads_a_payload_format_profile(payload_profile, tmp_path, capsys):
+    from sglang_mmtrace.cli.main import main
+
+    rec = next(r for r in read_jsonl(str(RUN / "records_nsys.jsonl")) if len(r["stages"]) > 1)  # a whole record
+    prefill = next(s for s in rec["stages"] if s["name"] == "model.prefill" and s["clock"] == "cuda")
+    prefill["dur_s"] = 1.0e-6
+    records = tmp_path / "records.jsonl"
+    records.write_text(json.dumps({**rec, "rid": "rid-b"}) + "\n")
+    assert main(["nsys", str(payload_profile), "--records", str(records), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cuda_event_vs_kernels"]["model.prefill"]["n"] == 1
+
+
+def test_rids_that_share_a_request_key_are_left_out_of_the_join(monkeypatch):
+    monkeypatch.setattr(nsys, "request_key", {"a": 7, "b": 7, "c": 9}.__getitem__)
+    recs = [{"rid": r} for r in "abc"]
+    assert records_by_key(recs) == {9: {"rid": "c"}}
+    assert records_by_key([{"rid": "a"}, {"rid": "a"}]) == {7: {"rid": "a"}}  # the same rid twice is no clash

@@ -218,9 +218,9 @@ def test_the_prefix_match_range_names_a_request_from_its_first_match(box: Box) -
     """The range is pushed before the call, when a request's first match has no trace yet (its exit
     step makes it): it still names the rid, and no longer once the request is admitted."""
     req = Req("A")
-    assert schedule_batch._match_detail(req, (), {}) == "rid=A"
+    assert schedule_batch._match_detail(req, (), {}) == "A"
     matched(req)
-    assert schedule_batch._match_detail(req, (), {}) == "rid=A"
+    assert schedule_batch._match_detail(req, (), {}) == "A"
     req._mmtrace.admitted = True
     assert schedule_batch._match_detail(req, (), {}) is None
 

@@ -111,7 +111,7 @@ def test_nvtx_part_hides_the_domain_but_open_ranges_still_close(monkeypatch):
     monkeypatch.setattr(nvtx, "_attached", d)
     monkeypatch.setattr(nvtx, "domain", d)
     monkeypatch.setattr(switch, "LISTENERS", [nvtx._follow_switch])
-    nvtx.push("tokenize", "rid=a")
+    nvtx.push("tokenize", "a")
     switch.apply(switch.Setting(True, tuple(p for p in switch.PARTS if p != "nvtx")), 7)
     assert nvtx.domain is None
     nvtx.pop()  # the range opened before the flip

@@ -22,8 +22,9 @@ now = time.perf_counter
 Wrapper = Callable[[Any, Any, tuple, dict], Any]
 Enter = Callable[[Any, tuple, dict], Any]
 Exit = Callable[[Any, float, float, Any, tuple, dict, Any, BaseException | None], None]
-Nvtx = tuple[str, Callable[[Any, tuple, dict], "str | None"]]
-"""(stage, detail(instance, args, kwargs)): push ``<stage> <detail>`` around the call; None = no range."""
+Nvtx = tuple[str, Callable[[Any, tuple, dict], "nvtx_sink.Requests | None"]]
+"""(stage, requests(instance, args, kwargs)): a range named ``stage`` for those requests around the
+call (``sinks.nvtx``); None = no range."""
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,13 @@ def push_nvtx(component: str, nvtx: Nvtx | None, instance: Any, args: tuple, kwa
     if nvtx is None or nvtx_sink.domain is None:
         return None
     try:
-        detail = nvtx[1](instance, args, kwargs)
-        if detail is None:
+        requests = nvtx[1](instance, args, kwargs)
+        if requests is None:
             return None
         if nested:
-            nvtx_sink.push(nvtx[0], detail)
+            nvtx_sink.push(nvtx[0], requests)
             return True
-        return nvtx_sink.start(nvtx[0], detail)
+        return nvtx_sink.start(nvtx[0], requests)
     except Exception as exc:
         contained(component + ".nvtx", exc)
         return None
@@ -246,11 +247,11 @@ def before(component: str, on_enter: Callable[[Any, tuple, dict], None]) -> Hook
 
 
 def push_batch_range(component: str, stage: str, rids: tuple[str, ...]) -> bool:
-    """Push ``<stage> n=<batch> rids=...`` when a tool is attached (for the model-stage wrappers)."""
+    """Push the batch range of ``stage`` for ``rids`` when a tool is attached (for the model-stage wrappers)."""
     if nvtx_sink.domain is None:
         return False
     try:
-        nvtx_sink.push(stage, nvtx_sink.rids_detail(rids))
+        nvtx_sink.push(stage, tuple(rids))
         return True
     except Exception as exc:
         contained(component + ".nvtx", exc)

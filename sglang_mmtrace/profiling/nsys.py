@@ -6,6 +6,11 @@ CUDA API calls made on each thread (``CUPTI_ACTIVITY_KIND_RUNTIME``) and the GPU
 push/pop range is the span from the first to the last GPU operation launched inside it on its
 thread: the same window the plugin's CUDA events bracket, measured by a different tool. That makes
 the report an independent check of the plugin's ``clock == "cuda"`` stage durations.
+
+Ranges are joined to records by request key (``sinks.nvtx.request_key`` of the record's ``rid``):
+a range's int64 payload, or for a batch range the payloads of the marks inside it. Profiles taken
+before the key existed name the rids in the message (``<stage> rid=<rid>``, ``<stage> n=<k>
+rids=<a,b>``); those are read too, their rids turned into keys.
 """
 
 from __future__ import annotations
@@ -13,16 +18,17 @@ from __future__ import annotations
 import re
 import sqlite3
 import statistics
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..report.analysis import quantile
-from ..sinks.nvtx import DOMAIN
+from ..sinks.nvtx import DOMAIN, request_key
 from ..stages import DISPLAY_ORDER, MODEL_EMBED, MODEL_PREFILL, MODEL_VISION_ENCODER, STAGES
 
-PUSH_POP, START_END, DOMAIN_CREATE = 59, 60, 75
+MARK, PUSH_POP, START_END, DOMAIN_CREATE = 34, 59, 60, 75
 """``NVTX_EVENTS.eventType`` values of Nsight Systems' sqlite schema."""
 GPU_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 _DETAIL = re.compile(r"^(?P<stage>\S+)(?: (?:rid=(?P<rid>\S+)|n=\d+ rids=(?P<rids>\S+)|.*))?$")
@@ -37,12 +43,15 @@ class Range:
     """One ``sglang_mmtrace`` NVTX range and the GPU work launched inside it (times in ns)."""
 
     stage: str
-    rids: tuple[str, ...]
+    keys: tuple[int, ...]
+    """The request keys of the requests it worked for (one, a batch's, or none)."""
     start: int
     end: int
     tid: int
     push_pop: bool
     gpu: list[tuple[int, int, int]] = field(default_factory=list)  # (launch time, gpu start, gpu end)
+    rids: tuple[str, ...] = ()
+    """The rids an old-format message names (``keys`` holds their keys); empty for the payload format."""
 
     def gpu_span_s(self, launched_after: int | None = None) -> float | None:
         ops = [(s, e) for t, s, e in self.gpu if launched_after is None or t >= launched_after]
@@ -74,13 +83,21 @@ def read_ranges(path: str) -> list[Range]:
             return []
         text = "COALESCE(e.text, s.value)" if has_strings else "e.text"
         join = "LEFT JOIN StringIds s ON s.id = e.textId" if has_strings else ""
-        marks = ",".join("?" * len(domains))
-        rows = db.execute(
-            f"SELECT e.start, e.end, {text}, e.globalTid, e.eventType FROM NVTX_EVENTS e {join} "
-            f"WHERE e.domainId IN ({marks}) AND e.eventType IN (?, ?) AND e.end IS NOT NULL ORDER BY e.start",
-            (*domains, PUSH_POP, START_END),
-        ).fetchall()
-        ranges = [_range(*r) for r in rows if r[2]]
+        columns = {r[1] for r in db.execute("PRAGMA table_info(NVTX_EVENTS)")}
+        payload = "e.int64Value" if "int64Value" in columns else "NULL"
+
+        def events(kinds: tuple[int, ...], where: str) -> list[tuple[Any, ...]]:
+            return db.execute(
+                f"SELECT e.start, e.end, {text}, e.globalTid, e.eventType, {payload} FROM NVTX_EVENTS e {join} "
+                f"WHERE e.domainId IN ({','.join('?' * len(domains))}) "
+                f"AND e.eventType IN ({','.join('?' * len(kinds))}) AND {where} ORDER BY e.start",
+                (*domains, *kinds),
+            ).fetchall()
+
+        ranges = [_range(*r) for r in events((PUSH_POP, START_END), "e.end IS NOT NULL") if r[2]]
+        if payload != "NULL":
+            marks = events((MARK,), "e.int64Value IS NOT NULL")
+            _attach_marks(ranges, [(int(t), name, int(tid or 0), int(key)) for t, _, name, tid, _, key in marks])
         if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
             _attach_gpu_work(db, tables, [r for r in ranges if r.push_pop])
         return ranges
@@ -88,11 +105,32 @@ def read_ranges(path: str) -> list[Range]:
         db.close()
 
 
-def _range(start: int, end: int, text: str, tid: int, kind: int) -> Range:
+def _range(start: int, end: int, text: str, tid: int, kind: int, payload: int | None) -> Range:
     m = _DETAIL.match(text)
     stage = m["stage"] if m else text
     rids = (m["rid"],) if m and m["rid"] else tuple(m["rids"].split(",")) if m and m["rids"] else ()
-    return Range(stage, rids, int(start), int(end), int(tid or 0), kind == PUSH_POP)
+    keys = tuple(request_key(r) for r in rids) if rids else (int(payload),) if payload is not None else ()
+    return Range(stage, keys, int(start), int(end), int(tid or 0), kind == PUSH_POP, rids=rids)
+
+
+def _attach_marks(ranges: list[Range], marks: list[tuple[int, str, int, int]]) -> None:
+    """Each (time, stage, thread, key) mark -> the innermost range of its stage open on its thread then
+    (a batch range's marks are made on its thread right after it opens)."""
+    by_place: dict[tuple[int, str], list[Range]] = defaultdict(list)
+    for r in ranges:  # in start order
+        by_place[(r.tid, r.stage)].append(r)
+    starts = {place: [r.start for r in rs] for place, rs in by_place.items()}
+    for t, stage, tid, key in marks:
+        place = (tid, stage)
+        if place not in by_place:
+            continue
+        # ranges of one stage on one thread rarely nest: the latest one opened by ``t`` holds the mark
+        rs = by_place[place]
+        i = bisect_right(starts[place], t) - 1
+        while i >= 0 and rs[i].end < t:
+            i -= 1
+        if i >= 0:
+            rs[i].keys += (key,)
 
 
 def _attach_gpu_work(db: sqlite3.Connection, tables: set[str], ranges: list[Range]) -> None:
@@ -143,6 +181,20 @@ def _nested_end(r: Range, inner: Iterable[Range]) -> int | None:
     return max(ends) if ends else None
 
 
+def records_by_key(records: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Records by the request key of their rid; two rids with one key are both left out (no guess)."""
+    by_key: dict[int, dict[str, Any]] = {}
+    shared: set[int] = set()
+    for rec in records:
+        key = request_key(rec["rid"])
+        if key in by_key and by_key[key]["rid"] != rec["rid"]:
+            shared.add(key)
+        by_key[key] = rec
+    for key in shared:
+        del by_key[key]
+    return by_key
+
+
 def compare(ranges: list[Range], records: Iterable[dict[str, Any]]) -> list[Agreement]:
     """Pair each CUDA-clocked ``model.vision_encoder`` / ``model.prefill`` stage with its range.
 
@@ -150,20 +202,19 @@ def compare(ranges: list[Range], records: Iterable[dict[str, Any]]) -> list[Agre
     also holds the encoder and the injection), so only GPU work launched after the last nested
     ``model.vision_encoder``/``model.embed`` range counts for it.
     """
-    by_rid = {r["rid"]: r for r in records}
+    by_key = records_by_key(records)
     inner = [r for r in ranges if r.push_pop and r.stage in (MODEL_VISION_ENCODER, MODEL_EMBED)]
     seen: dict[tuple[str, str], int] = defaultdict(int)
     out: list[Agreement] = []
     for r in ranges:
-        if not r.push_pop or r.stage not in GPU_COMPARED or not r.rids:
+        if not r.push_pop or r.stage not in GPU_COMPARED:
             continue
-        rid = next((x for x in r.rids if x in by_rid), None)
-        if rid is None:
+        rec = next((by_key[k] for k in r.keys if k in by_key), None)
+        if rec is None:
             continue
+        rid = rec["rid"]
         stages = [
-            s
-            for s in by_rid[rid]["stages"]
-            if s["name"] == r.stage and s["clock"] == "cuda" and not s["attrs"].get("skipped")
+            s for s in rec["stages"] if s["name"] == r.stage and s["clock"] == "cuda" and not s["attrs"].get("skipped")
         ]
         idx = seen[(rid, r.stage)]
         seen[(rid, r.stage)] += 1
@@ -178,10 +229,10 @@ def compare(ranges: list[Range], records: Iterable[dict[str, Any]]) -> list[Agre
 
 def summary(ranges: list[Range], records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per stage: NVTX ranges (count, host median), their GPU span median, and the records' median."""
-    rids = {r["rid"] for r in records}
+    keys = {request_key(r["rid"]) for r in records}
     per_stage: dict[str, dict[str, Any]] = {}
     for stage in DISPLAY_ORDER:
-        rs = [r for r in ranges if r.stage == stage and (not rids or rids & set(r.rids) or not r.rids)]
+        rs = [r for r in ranges if r.stage == stage and (not keys or keys.intersection(r.keys) or not r.keys)]
         durs = [
             s["dur_s"] for rec in records for s in rec["stages"] if s["name"] == stage and not s["attrs"].get("skipped")
         ]

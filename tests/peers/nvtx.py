@@ -59,24 +59,17 @@ def build(out_dir: Path) -> Path:
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # D P O B E M (see nvtx_capture.c)
+    kind: str  # D P O B E M S C (see nvtx_capture.c)
     pid: int
     tid: int
     t_ns: int
     domain: str
     id: int
     color: str | None
+    category: int  # 0: none
+    payload: int | str | None  # an int64 payload, None for none, "?<type>" for another payload type
     message: str
     line_no: int  # position in its process file: the call order within each thread
-
-    @property
-    def stage(self) -> str:
-        """The range name: the message up to the first space."""
-        return self.message.split(" ", 1)[0]
-
-    @property
-    def detail(self) -> str:
-        return self.message.split(" ", 1)[1] if " " in self.message else ""
 
 
 def read_events(folder: Path, offsets: dict[Path, int] | None = None) -> list[Event]:
@@ -86,13 +79,24 @@ def read_events(folder: Path, offsets: dict[Path, int] | None = None) -> list[Ev
         data = path.read_bytes()[(offsets or {}).get(path, 0) :]
         lines = data.decode("utf-8", errors="replace").split("\n")[:-1]  # the last piece is incomplete or ""
         for n, line in enumerate(lines):
-            parts = line.split("\t", 7)
-            if len(parts) != 8:
+            parts = line.split("\t", 9)
+            if len(parts) != 10:
                 raise AssertionError(f"{path}: malformed capture line {n}: {line!r}")
-            kind, pid, tid, t_ns, domain, rid, color, message = parts
+            kind, pid, tid, t_ns, domain, rid, color, category, payload, message = parts
+            value = None if payload == "-" else payload if payload.startswith("?") else int(payload)
             events.append(
                 Event(
-                    kind, int(pid), int(tid), int(t_ns), domain, int(rid), None if color == "-" else color, message, n
+                    kind,
+                    int(pid),
+                    int(tid),
+                    int(t_ns),
+                    domain,
+                    int(rid),
+                    None if color == "-" else color,
+                    int(category),
+                    value,
+                    message,
+                    n,
                 )
             )
     return events

@@ -7,10 +7,13 @@
  * variable is inherited by spawned children, so every SGLang process writes its own file).
  *
  * Line format (tab separated, one write(2) per line on an O_APPEND descriptor):
- *   kind  pid  tid  t_ns(CLOCK_MONOTONIC)  domain  id  color(hex, "-" if none)  message
+ *   kind  pid  tid  t_ns(CLOCK_MONOTONIC)  domain  id  color(hex, "-" if none)  category  payload  message
  * kind: D domain created, P DomainRangePushEx (id = depth after push), O DomainRangePop (id = depth
  * before pop), B DomainRangeStartEx (id = range id), E DomainRangeEnd (id = range id),
- * M DomainMarkEx. Registered strings (the `nvtx` package's messages) are resolved to their text.
+ * M DomainMarkEx, S DomainRegisterStringA (id = the domain's count of registered strings, message =
+ * the string), C DomainNameCategoryA (id = the category, message = its name). Registered strings
+ * (the `nvtx` package's messages) are resolved to their text. category: the event's (0 = none);
+ * payload: an int64 payload in decimal, "-" for none, "?<type>" for another payload type.
  */
 #define _GNU_SOURCE
 #include <nvtx3/nvToolsExt.h>
@@ -25,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct { char *name; } capture_domain;
+typedef struct { char *name; unsigned long long strings; } capture_domain;
 
 static int out_fd = -1;
 static pid_t out_pid = -1;
@@ -63,28 +66,38 @@ static void clean(char *dst, size_t cap, const char *src) {
     dst[i] = 0;
 }
 
-static void emit(char kind, nvtxDomainHandle_t d, unsigned long long id, const nvtxEventAttributes_t *a) {
-    char msg[2048], dom[256], color[16], line[3072];
-    const char *text = "";
+static void emit_text(char kind, nvtxDomainHandle_t d, unsigned long long id, const nvtxEventAttributes_t *a,
+                      const char *text) {
+    char msg[2048], dom[256], color[16], payload[32], line[3072];
+    unsigned category = 0;
     strcpy(color, "-");
+    strcpy(payload, "-");
     if (a != NULL) {
         if (a->messageType == NVTX_MESSAGE_TYPE_ASCII) text = a->message.ascii;
         else if (a->messageType == NVTX_MESSAGE_TYPE_REGISTERED) text = (const char *)a->message.registered;
         else if (a->messageType == NVTX_MESSAGE_TYPE_UNICODE) text = "<unicode>";
         if (a->colorType == NVTX_COLOR_ARGB) snprintf(color, sizeof color, "%08x", (unsigned)a->color);
+        category = a->category;
+        if (a->payloadType == NVTX_PAYLOAD_TYPE_INT64) snprintf(payload, sizeof payload, "%lld", (long long)a->payload.llValue);
+        else if (a->payloadType != NVTX_PAYLOAD_UNKNOWN) snprintf(payload, sizeof payload, "?%d", (int)a->payloadType);
     }
     clean(msg, sizeof msg, text);
     clean(dom, sizeof dom, domain_name(d));
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    int n = snprintf(line, sizeof line, "%c\t%d\t%ld\t%lld\t%s\t%llu\t%s\t%s\n", kind, (int)getpid(),
-                     (long)syscall(SYS_gettid), (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, dom, id, color, msg);
+    int n = snprintf(line, sizeof line, "%c\t%d\t%ld\t%lld\t%s\t%llu\t%s\t%u\t%s\t%s\n", kind, (int)getpid(),
+                     (long)syscall(SYS_gettid), (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec, dom, id, color,
+                     category, payload, msg);
     int fd = output_fd();
     if (fd >= 0 && n > 0) {
         if (n >= (int)sizeof line) n = (int)sizeof line - 1;
         ssize_t ignored = write(fd, line, (size_t)n);
         (void)ignored;
     }
+}
+
+static void emit(char kind, nvtxDomainHandle_t d, unsigned long long id, const nvtxEventAttributes_t *a) {
+    emit_text(kind, d, id, a, "");
 }
 
 static nvtxDomainHandle_t NVTX_API cap_DomainCreateA(const char *name) {
@@ -97,8 +110,13 @@ static nvtxDomainHandle_t NVTX_API cap_DomainCreateA(const char *name) {
 static void NVTX_API cap_DomainDestroy(nvtxDomainHandle_t d) { (void)d; /* handles stay valid: ranges may follow */ }
 
 static nvtxStringHandle_t NVTX_API cap_DomainRegisterStringA(nvtxDomainHandle_t d, const char *s) {
-    (void)d;
+    unsigned long long n = d == NULL ? 0 : __atomic_add_fetch(&((capture_domain *)d)->strings, 1, __ATOMIC_RELAXED);
+    emit_text('S', d, n, NULL, s);
     return (nvtxStringHandle_t)strdup(s ? s : "");
+}
+
+static void NVTX_API cap_DomainNameCategoryA(nvtxDomainHandle_t d, uint32_t category, const char *name) {
+    emit_text('C', d, category, NULL, name);
 }
 
 static int NVTX_API cap_DomainRangePushEx(nvtxDomainHandle_t d, const nvtxEventAttributes_t *a) {
@@ -137,6 +155,7 @@ __attribute__((visibility("default"))) int InitializeInjectionNvtx2(NvtxGetExpor
     HOOK(NVTX_CBID_CORE2_DomainCreateA, cap_DomainCreateA);
     HOOK(NVTX_CBID_CORE2_DomainDestroy, cap_DomainDestroy);
     HOOK(NVTX_CBID_CORE2_DomainRegisterStringA, cap_DomainRegisterStringA);
+    HOOK(NVTX_CBID_CORE2_DomainNameCategoryA, cap_DomainNameCategoryA);
     HOOK(NVTX_CBID_CORE2_DomainRangePushEx, cap_DomainRangePushEx);
     HOOK(NVTX_CBID_CORE2_DomainRangePop, cap_DomainRangePop);
     HOOK(NVTX_CBID_CORE2_DomainRangeStartEx, cap_DomainRangeStartEx);

@@ -152,7 +152,7 @@ def _expand_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 
 def _traced_rid(instance: Any, args: tuple, kwargs: dict) -> str | None:
     trace = current_trace.get()
-    return f"rid={trace.rid}" if trace is not None else None
+    return trace.rid if trace is not None else None
 
 
 def _nv(stage: str) -> tuple[str, Any]:

@@ -83,7 +83,7 @@ def _trace() -> ApiTrace | None:
 
 def _traced_rid(instance: Any, args: tuple, kwargs: dict) -> str | None:
     trace = _trace()
-    return f"rid={trace.rid}" if trace is not None else None
+    return trace.rid if trace is not None else None
 
 
 def _fetch_rid(instance: Any, args: tuple, kwargs: dict) -> str | None:

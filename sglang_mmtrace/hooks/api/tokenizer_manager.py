@@ -164,7 +164,7 @@ def _tm_init_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 def _rid_of(index: int, name: str):
     def detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
         rid = getattr(arg(args, kwargs, index, name), "rid", None)
-        return f"rid={rid}" if isinstance(rid, str) and rid in LIVE else None
+        return rid if isinstance(rid, str) and rid in LIVE else None
 
     return detail
 

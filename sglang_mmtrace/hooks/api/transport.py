@@ -65,7 +65,7 @@ def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
 
 def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     obj = arg(args, kwargs, 0, "obj")
-    return f"rid={obj.rid}" if _items(obj) and getattr(obj, "rid", None) in LIVE else None
+    return obj.rid if _items(obj) and getattr(obj, "rid", None) in LIVE else None
 
 
 PART = "mm"  # the switch part that gates these hooks

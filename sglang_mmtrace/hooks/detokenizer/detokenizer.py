@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from ... import runtime
-from ...sinks import nvtx
 from ...stages import DETOKENIZE
 from ..base import HookSpec, arg, interval
 from ..scheduler import state as ss
@@ -29,9 +28,9 @@ def _exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     ss.emit(first, DETOKENIZE, t0, t1, attrs={"batch_size": n})
 
 
-def _detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
+def _detail(instance: Any, args: tuple, kwargs: dict) -> tuple[str, ...] | None:
     st = _enter(instance, args, kwargs)
-    return nvtx.rids_detail(st[0]) if st else None
+    return tuple(st[0]) if st else None
 
 
 PART = "detokenizer"  # the switch part that gates these hooks

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...sinks import nvtx
 from ...stages import (
     MODEL_EMBED,
     MODEL_FORWARD,
@@ -153,10 +152,10 @@ def _has_output(req: Any) -> bool:
     return bool(getattr(req, "output_ids", None)) or req.finished()
 
 
-def _output_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
+def _output_detail(instance: Any, args: tuple, kwargs: dict) -> tuple[str, ...] | None:
     batch = arg(args, kwargs, 0, "batch")
     rids = [r.rid for r in batch.reqs if getattr(getattr(r, "_mmtrace", None), "fwd", None) is not None]
-    return nvtx.rids_detail(rids) if rids else None
+    return tuple(rids) if rids else None
 
 
 def _stream_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:

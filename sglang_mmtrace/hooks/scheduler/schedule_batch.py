@@ -99,7 +99,7 @@ def scan_images(ctx: ss.FwdCtx, batch: Any) -> None:
 def _match_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
     # pushed before the call: a request's first match has no trace yet (its exit step makes it)
     tr = getattr(instance, "_mmtrace", None)
-    return f"rid={instance.rid}" if tr is None or not tr.admitted else None
+    return instance.rid if tr is None or not tr.admitted else None
 
 
 PART = "scheduler"  # the switch part that gates these hooks

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ...patch import Direct
-from ...sinks import nvtx
 from ...stages import MODEL_FORWARD
 from ..base import HookSpec, interval
 from . import state as ss
@@ -83,9 +82,9 @@ def _run_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     st.clock.last = None  # a sampling SGLang delays past run_batch takes a mark of its own
 
 
-def _forward_detail(instance: Any, args: tuple, kwargs: dict) -> str | None:
+def _forward_detail(instance: Any, args: tuple, kwargs: dict) -> tuple[str, ...] | None:
     ctx = ss.current  # set by _run_enter, which runs before the range is pushed
-    return nvtx.rids_detail(ctx.rids) if ctx is not None else None
+    return tuple(ctx.rids) if ctx is not None else None
 
 
 PART = "scheduler"  # the switch part that gates these hooks
