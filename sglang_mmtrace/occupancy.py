@@ -10,6 +10,11 @@ Each sample is a plain dict that goes to the collector, which sets the Prometheu
 (``sinks.prometheus.PrometheusSink.sync_occupancy``). A figure a SGLang version does not have is left
 out of the sample, so its metric is absent rather than guessed.
 
+The collector labels each sample with where it was taken (:data:`LABELS`), names that survive a
+restart, unlike a pid: the process's role and, for a scheduler, its ranks as SGLang's own metrics
+label them (``dp_rank``, ``tp_rank``). Processes that share those labels (the API process and its
+tokenizer workers; the pipeline stages of one rank) are summed (:func:`totals`).
+
 The samples read attributes and call ``len()`` (atomic under the GIL); the preprocessing cache's
 ``stats()`` takes its lock for the few lines it needs. The only hook is a counter: SGLang's embedding
 cache evicts with ``OrderedDict.popitem(last=False)`` and keeps no count, so its dict is swapped, once
@@ -19,8 +24,10 @@ at creation, for :class:`CountingLru`.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 API_INTERVAL_S = 1.0
@@ -31,6 +38,15 @@ the scheduler unlinks it once it has mapped it, so what is left is in flight."""
 
 Sample = dict[str, dict[str, int]]
 """``{"embedding": {"used_bytes": .., "capacity_bytes": .., "entries": .., "evictions": ..}, ...}``"""
+LABELS = ("process", "dp_rank", "tp_rank")
+"""The labels of every occupancy metric: the process's role (``api``, ``scheduler``) and a scheduler's
+ranks (empty for the API process, and ``dp_rank`` without data parallelism, where SGLang has none)."""
+Where = tuple[str, str, str]
+"""Values of :data:`LABELS`, in that order."""
+_TITLE_RANK = re.compile(r"(?<!_MOE)_(DP|TP)(\d+)")
+"""A rank in a scheduler's process title, ``sglang::scheduler_DP1_TP0`` (SGLang 0.5.17 to 0.5.23,
+``configure_scheduler_process``: ``DP`` only with a data-parallel rank, ``TP`` only with ``--tp-size`` > 1;
+``MOE_DP`` is another rank)."""
 
 
 class CountingLru(OrderedDict):
@@ -73,6 +89,20 @@ def scheduler_sample() -> Sample:
     if isinstance(entries, CountingLru):
         out["evictions"] = entries.evictions
     return {"embedding": out}
+
+
+def scheduler_ranks() -> dict[str, str]:
+    """This scheduler's ``dp_rank`` and ``tp_rank``, read from the process title SGLang gives it.
+
+    The title is the one place every supported release states the ranks in the same form (the
+    runtime context that holds them changed between releases), and it is set before the scheduler
+    builds its embedding cache, so before any sample this process sends. Ranks SGLang leaves out of
+    the title are those its metrics label as ``tp_rank="0"`` and no ``dp_rank``.
+    """
+    setproctitle = sys.modules.get("setproctitle")
+    title = setproctitle.getproctitle() if setproctitle is not None else ""
+    ranks = dict(_TITLE_RANK.findall(title))
+    return {"dp_rank": ranks.get("DP", ""), "tp_rank": ranks.get("TP", "0")}
 
 
 def api_sample(tokenizer_manager: Any) -> Sample:
@@ -127,10 +157,10 @@ def shm_sample(creator_pid: int, folder: str = SHM_DIR) -> Sample:
     return {"shm": {"segments": segments, "used_bytes": used}}
 
 
-def totals(samples: dict[int, Sample]) -> Sample:
-    """Every process's samples summed per part and field (several schedulers with ``--dp-size``)."""
+def totals(samples: Iterable[Sample]) -> Sample:
+    """Samples summed per part and field (several schedulers with ``--dp-size``, several tokenizer workers)."""
     out: Sample = {}
-    for sample in samples.values():
+    for sample in samples:
         for part, fields in sample.items():
             into = out.setdefault(part, {})
             for field, value in fields.items():

@@ -138,6 +138,7 @@ def _install(role: str | None, join: bool) -> str | None:
             from .hooks.base import guarded
 
             runtime.outbox.pending_gauges["occupancy"] = lambda: guarded("occupancy", occupancy.scheduler_sample)
+            runtime.outbox.pending_gauges["ranks"] = lambda: guarded("occupancy", occupancy.scheduler_ranks)
         runtime.outbox.start()
     nvtx.setup()
     _apply_hooks(manifest, role)

@@ -112,7 +112,7 @@ def test_ttft_exemplars_are_the_latest_record_of_their_bucket(scraped: Scraped):
     newest: dict[tuple[str, ...], dict[str, Any]] = {}
     for series, ex in found:
         assert set(ex["labels"]) == {"trace_id"}, ex
-        key = (series.get("model", ""), series["modality"], series["prefix"], f"{float(series['le'])}")
+        key = (series.get("model_name", ""), series["modality"], series["prefix"], f"{float(series['le'])}")
         if key not in newest or ex["timestamp"] > newest[key]["timestamp"]:
             newest[key] = ex
     assert set(newest) <= set(latest), (set(newest) - set(latest), latest.keys())

@@ -475,7 +475,7 @@ def test_prometheus_requests_total(prometheus, scraped):
     )
     models = {r["model"] for r in scraped.records}
     series = prometheus.query("sglang_mmtrace_requests_total", scraped.at)
-    assert {s["metric"]["model"] for s in series} == models, series
+    assert {s["metric"]["model_name"] for s in series} == models, series
     by_status = Counter(r["status"] for r in scraped.records)
     for s in series:
         assert s["value"] == by_status[s["metric"]["status"]], (s, by_status)
@@ -623,7 +623,8 @@ def test_prometheus_no_per_request_labels(prometheus, scraped):
         "status": {"ok", "error", "aborted"},
         "kind": {"cached", "computed"},
         "stage": set(STAGES),
-        "model": {r["model"] for r in scraped.records},
+        "model_name": {r["model"] for r in scraped.records},
+        "process": {"api", "scheduler"},  # occupancy: where it is held, never a pid
     }
     per_request = {r["rid"] for r in scraped.records} | {r["trace_id"] for r in scraped.records if r["trace_id"]}
     rid_like = re.compile(r"[0-9a-f]{16,}|chatcmpl-|[0-9a-f]{8}-[0-9a-f]{4}-")
@@ -645,7 +646,7 @@ def test_prometheus_no_per_request_labels(prometheus, scraped):
             elif key not in ("__name__", "instance", "job", "le") and rid_like.search(value):
                 problems.append(f"{name}: rid-like label value {key}={value!r}")
     assert not problems, "\n".join(problems[:30])
-    assert len(values["model"]) == 1 and len(values["instance"]) == 1, values
+    assert len(values["model_name"]) == 1 and len(values["instance"]) == 1, values
 
 
 def _mmtrace_families(text: str) -> str:

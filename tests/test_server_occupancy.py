@@ -52,7 +52,7 @@ def prometheus(small_cache_server, tmp_path_factory):
 
 
 def occupancy_on_metrics(server) -> dict[tuple[str, str], float]:
-    """(metric without prefix, cache or "") -> value, summed over pids, from the server's /metrics."""
+    """(metric without prefix, cache or "") -> value, summed over processes, from the server's /metrics."""
     text = get_text(server, "/metrics")
     out: dict[tuple[str, str], float] = {}
     for name in ("cache_used_bytes", "cache_capacity_bytes", "cache_entries", "cache_evictions_total",

@@ -137,7 +137,25 @@ def test_a_joined_workers_counters_come_from_its_heartbeats_only(collector):
     _wait(lambda: sink.records)
     st = admin_request(col.admin_address, ("state",))
     assert st["api"]["errors"] == {} and st["peers"]["api:31"]["errors"] == {"w": 2}
-    assert col._occupancy()[31] == sample and sink.pids == [{"api": 31}]
+    assert col._occupancy()[("api", "", "")]["preprocess"] == sample["preprocess"] and sink.pids == [{"api": 31}]
+
+
+def test_occupancy_is_keyed_by_role_and_rank_never_by_pid(collector):
+    """Schedulers by their ranks (their heartbeats'); the API process and its tokenizer workers summed as ``api``."""
+    col, sink, push = collector
+    emb = {"embedding": {"used_bytes": 10, "entries": 1}}
+    for pid, dp in ((41, "0"), (42, "1")):
+        push.send(pickle.dumps(("hb", "scheduler", pid, {"occupancy": emb, "ranks": {"dp_rank": dp, "tp_rank": "0"}})))
+    push.send(pickle.dumps(("hb", "detokenizer", 43, {"errors": {}})))  # samples nothing
+    for pid in (51, 52):  # two tokenizer workers with outboxes
+        push.send(pickle.dumps(("hb", "api", pid, {"errors": {}, "dropped": {}})))
+        health = {"occupancy": {"preprocess": {"used_bytes": pid, "entries": 1}}}
+        push.send(pickle.dumps(("api", "api", pid, ([to_wire(_trace(f"w{pid}", False))], health))))
+    _wait(lambda: len(sink.records) == 2)
+    got = col._occupancy()
+    assert set(got) == {("scheduler", "0", "0"), ("scheduler", "1", "0"), ("api", "", "")}, got
+    assert got[("scheduler", "1", "0")] == emb
+    assert got[("api", "", "")]["preprocess"] == {"used_bytes": 51 + 52, "entries": 2}
 
 
 def test_discarded_request_leaves_no_record_and_no_pending_events(collector):

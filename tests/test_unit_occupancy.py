@@ -83,20 +83,51 @@ def test_shm_segments_in_flight():
 
 
 def test_metrics_from_samples():
+    """Labelled by where the figure is held (role and ranks, stable across restarts), never by pid."""
     registry = CollectorRegistry()
     sink = PrometheusSink(registry=registry)
     value = registry.get_sample_value
     emb = {"used_bytes": 10, "capacity_bytes": 100, "entries": 1, "evictions": 0}
-    sink.sync_occupancy({7: {"embedding": emb}, 9: {"shm": {"segments": 2, "used_bytes": 50}}})
+    rank1, api = ("scheduler", "1", "0"), ("api", "", "")
+    sink.sync_occupancy({rank1: {"embedding": emb}, api: {"shm": {"segments": 2, "used_bytes": 50}}})
     sink.sync_occupancy(
-        {7: {"embedding": {**emb, "used_bytes": 30, "evictions": 3}}, 9: {"shm": {"segments": 0, "used_bytes": 0}}}
+        {
+            rank1: {"embedding": {**emb, "used_bytes": 30, "evictions": 3}},
+            api: {"shm": {"segments": 0, "used_bytes": 0}},
+        }
     )
-    sink.sync_occupancy({7: {"embedding": {**emb, "evictions": 3}}})  # no new eviction: no increment
-    labels = {"cache": "embedding", "pid": "7"}
+    sink.sync_occupancy({rank1: {"embedding": {**emb, "evictions": 3}}})  # no new eviction: no increment
+    labels = {"cache": "embedding", "process": "scheduler", "dp_rank": "1", "tp_rank": "0"}
     assert value(PREFIX + "cache_used_bytes", labels) == 10
     assert value(PREFIX + "cache_capacity_bytes", labels) == 100
     assert value(PREFIX + "cache_evictions_total", labels) == 3
-    assert value(PREFIX + "shm_segments", {"pid": "9"}) == 0 and value(PREFIX + "shm_bytes", {"pid": "9"}) == 0
+    at_api = {"process": "api", "dp_rank": "", "tp_rank": ""}
+    assert value(PREFIX + "shm_segments", at_api) == 0 and value(PREFIX + "shm_bytes", at_api) == 0
+    exposed = {s.labels.get("pid") for m in registry.collect() for s in m.samples}
+    assert exposed == {None}, exposed
+
+
+@pytest.mark.parametrize(
+    ("title", "ranks"),
+    [
+        ("sglang::scheduler", {"dp_rank": "", "tp_rank": "0"}),
+        ("sglang::scheduler_TP3", {"dp_rank": "", "tp_rank": "3"}),
+        ("sglang::scheduler_DP1_TP0", {"dp_rank": "1", "tp_rank": "0"}),
+        ("sglang::scheduler_DP2", {"dp_rank": "2", "tp_rank": "0"}),
+        ("sglang::scheduler_DP0_PP1_ATTN_CP1_MOE_DP1_TP2_EP0", {"dp_rank": "0", "tp_rank": "2"}),
+    ],
+)
+def test_scheduler_ranks_from_the_process_title(title, ranks):
+    """The titles SGLang's ``configure_scheduler_process`` sets (``MOE_DP`` is not the data-parallel rank),
+    set on this process with the ``setproctitle`` SGLang uses."""
+    import setproctitle
+
+    before = setproctitle.getproctitle()
+    try:
+        setproctitle.setproctitle(title)
+        assert occupancy.scheduler_ranks() == ranks
+    finally:
+        setproctitle.setproctitle(before)
 
 
 def test_report_rows():
@@ -123,9 +154,9 @@ def test_report_rows():
     assert "shm in flight:" in lines[1] and "0 segments (max 0)" in lines[1]
 
 
-@pytest.mark.parametrize("samples", [{1: {"embedding": {"entries": 2}}, 2: {"embedding": {"entries": 3}}}])
-def test_totals_sum_processes(samples):
-    assert occupancy.totals(samples) == {"embedding": {"entries": 5}}
+def test_totals_sum_processes():
+    samples = [{"embedding": {"entries": 2}}, {"embedding": {"entries": 3}, "shm": {"segments": 1}}]
+    assert occupancy.totals(samples) == {"embedding": {"entries": 5}, "shm": {"segments": 1}}
 
 
 def test_cuda_ipc_pool_figures_and_fallback_counter(monkeypatch):

@@ -40,12 +40,12 @@ def test_warmup_records_are_not_observed():
     sink.emit(_record("a", 0.1))
     sink.emit(_record("b", 0.3))
     value = registry.get_sample_value
-    assert value(f"{PREFIX}requests_total", {"model": "m", "status": "ok"}) == 2
-    assert value(f"{PREFIX}ttft_seconds_count", {"model": "m", "modality": "text", "prefix": "miss"}) == 2
-    assert value(f"{PREFIX}ttft_seconds_sum", {"model": "m", "modality": "text", "prefix": "miss"}) == pytest.approx(
-        0.4
-    )
-    assert value(f"{PREFIX}stage_seconds_count", {"stage": "tokenize", "model": "m"}) == 2
+    assert value(f"{PREFIX}requests_total", {"model_name": "m", "status": "ok"}) == 2
+    assert value(f"{PREFIX}ttft_seconds_count", {"model_name": "m", "modality": "text", "prefix": "miss"}) == 2
+    assert value(
+        f"{PREFIX}ttft_seconds_sum", {"model_name": "m", "modality": "text", "prefix": "miss"}
+    ) == pytest.approx(0.4)
+    assert value(f"{PREFIX}stage_seconds_count", {"stage": "tokenize", "model_name": "m"}) == 2
 
 
 def _exemplars(registry: CollectorRegistry, metric: str) -> dict[tuple[tuple[str, str], ...], tuple[dict, float]]:
@@ -68,7 +68,7 @@ def test_ttft_and_stage_buckets_carry_the_latest_records_trace_id():
     sink.emit(_record("c", 0.02, trace_id="c" * 32))  # bucket (0.01, 0.025]
     sink.emit(_record("d", 0.3))  # no trace id (no OTLP, no traceparent): counted, no exemplar
     sink.emit(_record("w", 0.3, trace_id="f" * 32, warmup=True))  # not observed at all
-    labels = {"model": "m", "modality": "text", "prefix": "miss"}
+    labels = {"model_name": "m", "modality": "text", "prefix": "miss"}
     assert registry.get_sample_value(f"{PREFIX}ttft_seconds_count", labels) == 4
     want = {"0.5": ({"trace_id": "b" * 32}, 0.3), "0.025": ({"trace_id": "c" * 32}, 0.02)}
     for metric in ("ttft_seconds", "stage_seconds"):
@@ -83,7 +83,7 @@ def test_exemplars_are_served_in_openmetrics_only():
 
     registry = CollectorRegistry()
     PrometheusSink(registry=registry).emit(_record("a", 0.3, trace_id="a" * 32))
-    line = f'{PREFIX}ttft_seconds_bucket{{le="0.5",modality="text",model="m",prefix="miss"}} 1.0 # {{trace_id="{"a" * 32}"}} 0.3'
+    line = f'{PREFIX}ttft_seconds_bucket{{le="0.5",modality="text",model_name="m",prefix="miss"}} 1.0 # {{trace_id="{"a" * 32}"}} 0.3'
     assert any(x.startswith(line) for x in generate_openmetrics(registry).decode().splitlines())
     assert "trace_id" not in generate_latest(registry).decode()
 
@@ -114,7 +114,7 @@ print(urllib.request.urlopen(req, timeout=10).read().decode())
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert (
-        f'{PREFIX}ttft_seconds_bucket{{le="0.5",modality="text",model="m",prefix="miss"}} 1.0 # {{trace_id="{"a" * 32}"}} 0.3'
+        f'{PREFIX}ttft_seconds_bucket{{le="0.5",modality="text",model_name="m",prefix="miss"}} 1.0 # {{trace_id="{"a" * 32}"}} 0.3'
         in out.stdout
     )
     assert not list(multiproc.iterdir())

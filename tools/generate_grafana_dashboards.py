@@ -6,8 +6,10 @@ than a dashboards-as-code SDK) because the stacked panels *are* the catalogue: o
 top-level stage, in catalogue order, so the stack reads top to bottom like the request does.
 
 Tests check that every metric a panel queries is one the plugin defines (or one of the SGLang
-metrics listed in ``SGLANG_METRICS``), and run every query against a real Prometheus that scraped
-the real CPU server (``tests/test_server_dashboards.py``).
+metrics listed in ``SGLANG_METRICS``), that every metric family the plugin exports is on a panel
+(or in ``NOT_ON_A_PANEL`` with the reason), that every panel has a unit and plain descriptions, and
+run every query against a real Prometheus that scraped the real CPU server
+(``tests/test_server_dashboards.py``).
 """
 
 from __future__ import annotations
@@ -22,18 +24,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sglang_mmtrace.sinks import genai  # noqa: E402
 from sglang_mmtrace.sinks.prometheus import PREFIX  # noqa: E402
 from sglang_mmtrace.stages import ROOT as ROOT_STAGE  # noqa: E402
 from sglang_mmtrace.stages import STAGES  # noqa: E402
 
 OUT = ROOT / "dashboards" / "sglang-mmtrace.json"
 RANGE = "$__rate_interval"
-SEL = 'model=~"$model", instance=~"$instance"'
-"""Selector of the metrics that carry a ``model`` label."""
+SEL = 'model_name=~"$model", instance=~"$instance"'
+"""Selector of the metrics that carry the served model: the plugin's label is SGLang's own
+(``model_name``), so the same selector filters SGLang's metrics."""
 SEL_INSTANCE = 'instance=~"$instance"'
 """Selector of the metrics without one (caches, transport, plugin health)."""
-SGLANG_SEL = 'model_name=~"$model", instance=~"$instance"'
-"""SGLang's own metrics call the label ``model_name``; its values are the same served model name."""
+GENAI_SEL = f'{genai.prometheus_label("gen_ai.request.model")}=~"$model", instance=~"$instance"'
+"""Selector of the GenAI server metrics: the conventions' attribute carries the same served model name."""
+SUCCESS = 'error_type=""'
+"""The GenAI request duration of successful requests (``error.type`` is set only on failures)."""
 SGLANG_METRICS = ("num_queue_reqs", "num_running_reqs")
 """SGLang's own metrics the dashboard reads (``sglang:<name>``, checked on the demo server's ``/metrics``)."""
 TRACE_SERVICE = "sglang"
@@ -41,8 +47,16 @@ TRACE_SERVICE = "sglang"
 PROM_DS = {"type": "prometheus", "uid": "${datasource}"}
 TRACES_DS = {"type": "jaeger", "uid": "${traces}"}
 QUANTILES = (0.5, 0.95, 0.99)
+NOT_ON_A_PANEL: dict[str, str] = {}
+"""Exported metric family -> why no panel shows it. The only place a family may be left off the
+dashboard (the unit test fails on any other exported family that no query reads)."""
+COUNT = "short"
+"""Grafana's unit for a plain count (requests, tokens, entries)."""
+PER_SECOND = "ops"
+"""Grafana's unit for events per second other than requests (errors, drops, evictions)."""
 CACHED = 'kind="cached"'
 IMAGE = 'modality="image"'
+GENAI_PREFIX = "gen_ai_"
 
 
 def sglang_metric(name: str) -> str:
@@ -52,7 +66,7 @@ def sglang_metric(name: str) -> str:
     OpenMetrics, which Prometheus negotiates by default; the regex matches both.
     """
     assert name in SGLANG_METRICS, name
-    return f'{{__name__=~"sglang[:_]{name}", {SGLANG_SEL}}}'
+    return f'{{__name__=~"sglang[:_]{name}", {SEL}}}'
 
 
 def top_level_stages() -> list[str]:
@@ -71,8 +85,15 @@ def regex(names: list[str]) -> str:
 
 
 def rate(metric: str, sel: str = SEL, extra: str = "") -> str:
+    """``metric`` is without the plugin's prefix, or a GenAI metric's full name (``genai_metric``)."""
     labels = f"{sel}, {extra}" if extra else sel
-    return f"rate({PREFIX}{metric}{{{labels}}}[{RANGE}])"
+    name = metric if metric.startswith(GENAI_PREFIX) else PREFIX + metric
+    return f"rate({name}{{{labels}}}[{RANGE}])"
+
+
+def genai_metric(name: str) -> str:
+    """A GenAI server metric's Prometheus name (``gen_ai.server.request.duration`` -> ``gen_ai_server_...``)."""
+    return genai.prometheus_name(name)
 
 
 def gauge(metric: str) -> str:
@@ -171,18 +192,24 @@ def panel(
     total_ref: str | None = None,
     links: list[dict[str, Any]] | None = None,
     exemplars: bool = False,
+    units: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A Prometheus time-series panel; ``stack`` stacks every target except ``total_ref`` (a dashed line).
+    """A Prometheus time-series panel in ``unit``; ``stack`` stacks every target except ``total_ref``.
 
-    ``exemplars``: the targets ask for the histogram's exemplars, which Grafana draws as points that
-    open the trace (``trace_id``, through the Prometheus datasource's ``exemplarTraceIdDestinations``).
+    ``total_ref`` is drawn as a dashed line over the others. ``units``: refId -> the unit of a target that differs from the
+    panel's (a rate beside counts). ``exemplars``: the targets ask for the histogram's exemplars,
+    which Grafana draws as points that open the trace (``trace_id``, through the Prometheus
+    datasource's ``exemplarTraceIdDestinations``).
     """
     defaults: dict[str, Any] = {"unit": unit}
     if stack:
         defaults["custom"] = {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60, "lineWidth": 1}
     if links:
         defaults["links"] = links
-    overrides = []
+    overrides = [
+        {"matcher": {"id": "byFrameRefID", "options": ref}, "properties": [{"id": "unit", "value": u}]}
+        for ref, u in (units or {}).items()
+    ]
     if total_ref is not None:
         overrides.append(
             {
@@ -238,31 +265,67 @@ def stage_quantile(q: float, stage: str) -> str:
 
 
 def breakdown(title: str, how: str) -> dict[str, Any]:
-    """Stacked top-level stages (catalogue order), the unattributed rest, and TTFT as a dashed line.
+    """The top-level stages (catalogue order), the unattributed rest, and TTFT as a dashed line.
 
     Every part is per request over the same requests (0 s where a stage did not happen). ``how`` is
-    ``mean`` (adds up exactly to the TTFT mean) or a quantile such as ``0.95`` (every stage
-    histogram has TTFT's bucket layout, so the parts are comparable; quantiles of parts add up to
-    the quantile of the whole only approximately, which the dashed TTFT line shows).
+    ``mean``: stacked, for means add up exactly to the TTFT mean; or a quantile such as ``0.95``:
+    one line per stage, not stacked, for a percentile of parts does not add up to the percentile
+    of the whole (every stage histogram has TTFT's bucket layout, so the lines are comparable).
     """
     targets: list[tuple[str, str]] = []
     for stage in top_level_stages():
         expr = per_request("stage_seconds", f'stage="{stage}"') if how == "mean" else stage_quantile(float(how), stage)
         targets.append((expr, stage))
+    parts = (
+        "Per-request seconds in each top-level stage, plus the part of TTFT no stage explains (0 s for a"
+        " request without the stage); the dashed line is TTFT itself."
+    )
     if how == "mean":
         targets.append((per_request("ttft_unattributed_seconds"), "unattributed"))
         targets.append((per_request("ttft_seconds"), "TTFT (mean)"))
+        about = " Means, stacked in catalogue order: they add up exactly to the mean TTFT."
     else:
+        pct = f"p{round(float(how) * 100)}"
         targets.append((quantile(float(how), "ttft_unattributed_seconds"), "unattributed"))
-        targets.append((quantile(float(how), "ttft_seconds"), f"TTFT (p{round(float(how) * 100)})"))
-    return panel(
-        title,
-        targets,
-        "Per-request seconds in each top-level stage, stacked in catalogue order, plus the part of TTFT "
-        "no stage explains. The dashed line is TTFT itself. " + breakdown.__doc__.split("\n\n")[1].strip(),
-        stack=True,
-        total_ref=ref_id(len(targets) - 1),
-    )
+        targets.append((quantile(float(how), "ttft_seconds"), f"TTFT ({pct})"))
+        about = (
+            f" Each line is that stage's own {pct} over the same requests, not stacked: percentiles of the parts"
+            f" do not add up to the {pct} of TTFT (the mean breakdown above does)."
+        )
+    return panel(title, targets, parts + about, stack=how == "mean", total_ref=ref_id(len(targets) - 1))
+
+
+def heatmap(title: str, metric: str, description: str) -> dict[str, Any]:
+    """A Grafana heatmap of a histogram in seconds: requests per bucket per interval, buckets as Prometheus
+    stored them (``format: heatmap``, no re-bucketing by Grafana), with the histogram's exemplars."""
+    expr = f"sum by (le) (increase({PREFIX}{metric}_bucket{{{SEL}}}[{RANGE}]))"
+    return {
+        "type": "heatmap",
+        "title": title,
+        "description": description,
+        "datasource": PROM_DS,
+        "fieldConfig": {"defaults": {"unit": COUNT}, "overrides": []},
+        "options": {
+            "calculate": False,
+            "yAxis": {"unit": "s", "axisPlacement": "left"},
+            "rowsFrame": {"layout": "le"},
+            "cellValues": {"unit": COUNT},
+            "color": {"mode": "scheme", "scheme": "Oranges", "scale": "exponential", "exponent": 0.5, "steps": 64},
+            "exemplars": {"color": "rgba(255,0,255,0.7)"},
+            "tooltip": {"mode": "single", "yHistogram": True},
+            "legend": {"show": True},
+        },
+        "targets": [
+            {
+                "refId": "A",
+                "datasource": PROM_DS,
+                "expr": expr,
+                "format": "heatmap",
+                "legendFormat": "{{le}}",
+                "exemplar": True,
+            }
+        ],
+    }
 
 
 def hit_ratio(cache: str) -> str:
@@ -335,11 +398,48 @@ def dashboard() -> dict[str, Any]:
         w=8,
     )
     lay.add(slow_traces_panel(), w=8)
+    lay.add(
+        heatmap(
+            "TTFT heatmap",
+            "ttft_seconds",
+            "Requests per TTFT bucket over time (the TTFT histogram's own buckets): the whole distribution, "
+            "where the percentile lines above show three points of it. A second band is a second population "
+            "(image vs text, prefix hits vs misses). Exemplars (with SGLANG_MMTRACE_EXEMPLARS=1 or SGLang's "
+            "metrics off) open the latest request of a bucket.",
+        ),
+        w=24,
+    )
 
-    lay.row("Where TTFT goes (stacked stages add up to TTFT)")
+    lay.row("Request latency (OpenTelemetry GenAI server metrics)")
+    lay.add(
+        panel(
+            "End-to-end latency and TTFT p50 / p95 / p99 (successful requests)",
+            [
+                (
+                    quantile(q, genai_metric(genai.DURATION), sel=GENAI_SEL, extra=SUCCESS),
+                    f"end-to-end p{round(q * 100)}",
+                )
+                for q in QUANTILES
+            ]
+            + [(quantile(q, genai_metric(genai.TTFT), sel=GENAI_SEL), f"TTFT p{round(q * 100)}") for q in QUANTILES],
+            "gen_ai.server.request.duration (request bytes in -> last response byte out) and "
+            "gen_ai.server.time_to_first_token of successful requests, in the GenAI conventions' buckets. "
+            "The gap between the two is the decode: output length times the time per output token.",
+        )
+    )
+    lay.add(
+        panel(
+            "Time per output token p50 / p95 / p99",
+            [(quantile(q, genai_metric(genai.TPOT), sel=GENAI_SEL), f"p{round(q * 100)}") for q in QUANTILES],
+            "gen_ai.server.time_per_output_token: (end-to-end - TTFT) / (output tokens - 1), per successful "
+            "request with more than one output token. The decode speed a streaming client sees.",
+        )
+    )
+
+    lay.row("Where TTFT goes (the stacked means add up to TTFT; percentiles are lines)")
     lay.add(breakdown("TTFT breakdown: mean seconds per request by stage", "mean"), w=24, h=10)
-    lay.add(breakdown("TTFT breakdown: p50 per stage", "0.5"), w=12, h=10)
-    lay.add(breakdown("TTFT breakdown: p95 per stage", "0.95"), w=12, h=10)
+    lay.add(breakdown("TTFT breakdown: p50 per stage (lines, not additive)", "0.5"), w=12, h=10)
+    lay.add(breakdown("TTFT breakdown: p95 per stage (lines, not additive)", "0.95"), w=12, h=10)
     lay.add(
         panel(
             "Nested stages (inside tokenize, dispatch, model.forward): p50",
@@ -399,7 +499,7 @@ def dashboard() -> dict[str, Any]:
                 (quantile(0.95, "visual_tokens"), "p95 per image"),
             ],
             "Visual tokens an image turns into (after placeholder expansion): drives encoder and prefill time.",
-            unit="none",
+            unit=COUNT,
         )
     )
 
@@ -426,7 +526,8 @@ def dashboard() -> dict[str, Any]:
                 (f"sum by (cache) ({rate('cache_evictions_total', SEL_INSTANCE)})", "{{cache}} evictions/s"),
             ],
             "Entries each cache holds, and how fast it evicts them to make room.",
-            unit="none",
+            unit=COUNT,
+            units={"B": PER_SECOND},
         )
     )
     lay.add(
@@ -452,7 +553,8 @@ def dashboard() -> dict[str, Any]:
             ],
             "Segments of the cpu transport waiting for a scheduler; features that found no room in the "
             "cuda_ipc pool and went by CPU instead.",
-            unit="none",
+            unit=COUNT,
+            units={"B": PER_SECOND},
         )
     )
 
@@ -473,7 +575,7 @@ def dashboard() -> dict[str, Any]:
                 (f"sum ({sglang_metric('num_running_reqs')})", "running"),
             ],
             "SGLang's own gauges: requests in the waiting queue and in the running batch.",
-            unit="none",
+            unit=COUNT,
         )
     )
 
@@ -483,7 +585,7 @@ def dashboard() -> dict[str, Any]:
             "Contained plugin errors/s by component",
             [(f"sum by (component) ({rate('errors_total', SEL_INSTANCE)})", "{{component}}")],
             "Failures of plugin hooks or sinks that were contained (serving went on). Any is a bug to report.",
-            unit="none",
+            unit=PER_SECOND,
         )
     )
     lay.add(
@@ -493,7 +595,7 @@ def dashboard() -> dict[str, Any]:
             "Stages a finished request should have had (its images, its encoder) that the plugin did not see:"
             " the model takes a path no hook covers. Their time is inside the enclosing stage; the records'"
             " unobserved list and sglang-mmtrace doctor name them.",
-            unit="reqps",
+            unit=PER_SECOND,
         )
     )
     lay.add(
@@ -501,7 +603,7 @@ def dashboard() -> dict[str, Any]:
             "Dropped records/spans/events per second by sink",
             [(f"sum by (sink) ({rate('dropped_total', SEL_INSTANCE)})", "{{sink}}")],
             "Data dropped under back-pressure (e.g. spans when the OTLP collector is slow or absent).",
-            unit="none",
+            unit=PER_SECOND,
         )
     )
 
@@ -541,8 +643,8 @@ def template_variables() -> list[dict[str, Any]]:
     return [
         {"name": "datasource", "label": "metrics", "type": "datasource", "query": "prometheus"},
         {"name": "traces", "label": "traces", "type": "datasource", "query": "jaeger"},
-        query_var("model", f"label_values({PREFIX}requests_total, model)"),
-        query_var("instance", f'label_values({PREFIX}requests_total{{model=~"$model"}}, instance)'),
+        query_var("model", f"label_values({PREFIX}requests_total, model_name)"),
+        query_var("instance", f'label_values({PREFIX}requests_total{{model_name=~"$model"}}, instance)'),
         {
             "name": "slow",
             "label": "slow TTFT >=",

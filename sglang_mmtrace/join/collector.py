@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from .. import switch, telemetry
+from .. import occupancy, switch, telemetry
 from ..config import Config
 from ..stages import (
     API,
@@ -392,11 +392,10 @@ class Collector:
         return {"collector": own, "api": self._api, **self._peers}
 
     def _sync_health(self) -> None:
-        from .. import occupancy
         from ..sinks.prometheus import health_totals
 
         samples = self._occupancy() if self.metrics_started else {}  # the processes sample only for the metrics
-        self.occupancy = occupancy.totals(samples)
+        self.occupancy = occupancy.totals(samples.values())
         totals = None
         for sink in self.sinks:
             sync = getattr(sink, "sync_health", None)
@@ -410,20 +409,24 @@ class Collector:
                 except Exception as exc:
                     telemetry.contained(f"sink.{type(sink).__name__}", exc)
 
-    def _occupancy(self) -> dict[int, Any]:
-        """pid -> the latest occupancy sample of that process (``occupancy``): the schedulers' heartbeats,
-        the API process's timer, and the shared-memory segments the API process created (read here)."""
-        from .. import occupancy
+    def _occupancy(self) -> dict[occupancy.Where, occupancy.Sample]:
+        """Where (``occupancy.LABELS``' values) -> the latest occupancy sample there (``occupancy``): the
+        schedulers' heartbeats, the API process's timer and its tokenizer workers', and the
+        shared-memory segments the API process created (read here). Processes that share labels are summed."""
 
-        out: dict[int, Any] = {}
+        groups: dict[occupancy.Where, list[occupancy.Sample]] = {}
         for key, hb in self._peers.items():
             if hb.get("occupancy"):
-                out[int(key.partition(":")[2])] = hb["occupancy"]
-        out.update(self._worker_occupancy)
+                ranks = hb.get("ranks") or {}
+                where = (key.partition(":")[0], ranks.get("dp_rank", ""), ranks.get("tp_rank", ""))
+                groups.setdefault(where, []).append(hb["occupancy"])
+        api = list(self._worker_occupancy.values())
         api_pid = self.api_pid or self.parent_pid
         if api_pid is not None:
-            out[api_pid] = {**(self._api.get("occupancy") or {}), **occupancy.shm_sample(api_pid)}
-        return out
+            api.append({**(self._api.get("occupancy") or {}), **occupancy.shm_sample(api_pid)})
+        if api:
+            groups[(API, "", "")] = api
+        return {where: occupancy.totals(samples) for where, samples in groups.items()}
 
     # -- introspection (tests, doctor) ---------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from collections import defaultdict
 from typing import Any
 
 from ..join.record import EmitContext, stage_totals
+from ..occupancy import LABELS as WHERE
+from ..occupancy import Sample, Where
 from ..stages import MM_PREPROCESS_CACHE, STAGES
 from . import genai
 
@@ -48,35 +50,37 @@ STAGE_BUCKETS = (
 VISUAL_TOKEN_BUCKETS = (16, 64, 256, 576, 1024, 2304, 4096, 8192, 16384, 65536)
 
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "stage_seconds": ("histogram", ("stage", "model"), "Duration of each TTFT stage per request"),
-    "ttft_seconds": ("histogram", ("model", "modality", "prefix"), "Server-side time to first token"),
-    "ttft_unattributed_seconds": ("histogram", ("model",), "Part of TTFT no stage explains"),
+    "stage_seconds": ("histogram", ("stage", "model_name"), "Duration of each TTFT stage per request"),
+    "ttft_seconds": ("histogram", ("model_name", "modality", "prefix"), "Server-side time to first token"),
+    "ttft_unattributed_seconds": ("histogram", ("model_name",), "Part of TTFT no stage explains"),
     "cache_lookups_total": ("counter", ("cache", "result"), "Preprocess, embedding and image-prefix cache lookups"),
     "prefix_tokens_total": ("counter", ("kind",), "Prompt tokens served from the radix cache or computed"),
-    "visual_tokens": ("histogram", ("model",), "Visual tokens per image"),
+    "visual_tokens": ("histogram", ("model_name",), "Visual tokens per image"),
     "transport_bytes_total": ("counter", ("mode",), "Feature bytes handed to the scheduler"),
-    "requests_total": ("counter", ("model", "status"), "Finished requests"),
+    "requests_total": ("counter", ("model_name", "status"), "Finished requests"),
     "unobserved_stages_total": (
         "counter",
-        ("model", "stage"),
+        ("model_name", "stage"),
         "Stages a finished request should have had and the plugin did not observe (the record's unobserved)",
     ),
     "errors_total": ("counter", ("component",), "Plugin hook or sink failures that were contained"),
     "dropped_total": ("counter", ("sink",), "Records, spans or events dropped under back-pressure"),
-    "cache_used_bytes": ("gauge", ("cache", "pid"), "Bytes held by the embedding or preprocessing cache"),
-    "cache_capacity_bytes": ("gauge", ("cache", "pid"), "The cache's capacity in bytes"),
-    "cache_entries": ("gauge", ("cache", "pid"), "Entries held by the cache"),
-    "cache_evictions_total": ("counter", ("cache", "pid"), "Entries the cache evicted to make room"),
-    "cuda_ipc_pool_reserved_bytes": ("gauge", ("pid",), "GPU bytes the cuda_ipc feature pool reserves"),
-    "cuda_ipc_pool_used_bytes": ("gauge", ("pid",), "Bytes of the cuda_ipc pool leased to features in flight"),
-    "cuda_ipc_pool_fallbacks_total": ("counter", ("pid",), "Features that found no room in the cuda_ipc pool"),
-    "shm_segments": ("gauge", ("pid",), "Shared-memory feature segments of the cpu transport in flight"),
-    "shm_bytes": ("gauge", ("pid",), "Bytes of the shared-memory feature segments in flight"),
+    "cache_used_bytes": ("gauge", ("cache", *WHERE), "Bytes held by the embedding or preprocessing cache"),
+    "cache_capacity_bytes": ("gauge", ("cache", *WHERE), "The cache's capacity in bytes"),
+    "cache_entries": ("gauge", ("cache", *WHERE), "Entries held by the cache"),
+    "cache_evictions_total": ("counter", ("cache", *WHERE), "Entries the cache evicted to make room"),
+    "cuda_ipc_pool_reserved_bytes": ("gauge", WHERE, "GPU bytes the cuda_ipc feature pool reserves"),
+    "cuda_ipc_pool_used_bytes": ("gauge", WHERE, "Bytes of the cuda_ipc pool leased to features in flight"),
+    "cuda_ipc_pool_fallbacks_total": ("counter", WHERE, "Features that found no room in the cuda_ipc pool"),
+    "shm_segments": ("gauge", WHERE, "Shared-memory feature segments of the cpu transport in flight"),
+    "shm_bytes": ("gauge", WHERE, "Bytes of the shared-memory feature segments in flight"),
 }
 """The contract's metric table (name without prefix -> type, labels, help): dashboards read it too.
 
-The occupancy metrics (``cache_*``, ``cuda_ipc_pool_*``, ``shm_*``) carry the ``pid`` of the process
-that holds what they measure (a scheduler, or the API process); see ``occupancy``."""
+The served model is ``model_name``, as SGLang's and vLLM's own metrics label it, so a query joins
+them. The occupancy metrics (``cache_*``, ``cuda_ipc_pool_*``, ``shm_*``) carry where what they
+measure is held (``occupancy.LABELS``: the process's role, a scheduler's ranks), names that survive a
+restart."""
 
 OCCUPANCY: dict[str, dict[str, str]] = {
     **{
@@ -130,7 +134,7 @@ class PrometheusSink:
             for name, (doc, bounds) in genai.METRICS.items()
         }
         self._health: dict[str, dict[str, float]] = {"errors": {}, "dropped": {}}
-        self._occupancy_seen: dict[tuple[str, str, int], float] = {}
+        self._occupancy_seen: dict[tuple[str, str, Where], float] = {}
         if port is not None:
             pc.start_http_server(port, addr="0.0.0.0", registry=registry or pc.REGISTRY)
 
@@ -182,20 +186,23 @@ class PrometheusSink:
                 if delta := _advance(seen, key, value):
                     self.m[metric].labels(**{label: key}).inc(delta)
 
-    def sync_occupancy(self, samples: dict[int, dict[str, dict[str, int]]]) -> None:
-        """pid -> that process's latest occupancy sample: gauges set, cumulative counts turned into increments."""
-        for pid, sample in samples.items():
+    def sync_occupancy(self, samples: dict[Where, Sample]) -> None:
+        """Where -> the latest occupancy sample there: gauges set, cumulative counts turned into increments."""
+        for where, sample in samples.items():
             for part, fields in sample.items():
                 for field, value in fields.items():
                     name = OCCUPANCY.get(part, {}).get(field)
                     if name is None:
                         continue
-                    labels = {"pid": str(pid), **({"cache": part} if "cache" in METRICS[name][1] else {})}
+                    labels = {
+                        **dict(zip(WHERE, where, strict=True)),
+                        **({"cache": part} if "cache" in METRICS[name][1] else {}),
+                    }
                     metric = self.m[name].labels(**labels)
                     if METRICS[name][0] == "gauge":
                         metric.set(value)
                         continue
-                    if delta := _advance(self._occupancy_seen, (name, part, pid), value):
+                    if delta := _advance(self._occupancy_seen, (name, part, where), value):
                         metric.inc(delta)
 
 
