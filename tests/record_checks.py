@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mmtrace.harness import TOKEN_IDS
-from sglang_mmtrace.stages import ROOT, STAGES, core_stage_names
+from sglang_mmtrace.stages import ROOT, STAGES, TOKENIZE, core_stage_names
 
 TOL = 1e-6  # the record rounds times to 1e-9 s; allow a little more
 CORE_STAGES: frozenset[str] = frozenset(core_stage_names())
@@ -372,3 +372,22 @@ def exchange_problems(ex: Exchange, model_path: str) -> list[str]:
     elif rec["transport"] != {"mode": "none", "bytes": 0} or rec["images"]:
         problems.append(f"text-only request with transport {rec['transport']} images {rec['images']}")
     return problems
+
+
+def ok_record(rid: str, ttft_s: float = 0.1, tokenize_s: float | None = None) -> dict[str, Any]:
+    """A minimal ok record as the contract writes it: the root and ``tokenize`` (all of TTFT unless
+    ``tokenize_s`` says otherwise), for tests of the readers (``report``) that need no server."""
+    stage = {"process": "api", "start_s": 0.0, "clock": "host", "attrs": {}}
+    return {
+        "rid": rid,
+        "status": "ok",
+        "arrival_unix_s": 1_700_000_000.0,
+        "ttft_s": ttft_s,
+        "images": [],
+        "cache": {"preprocess": "off", "embedding": "off", "image_prefix_hit": False},
+        "stages": [
+            {"name": ROOT, "dur_s": ttft_s, **stage},
+            {"name": TOKENIZE, "dur_s": ttft_s if tokenize_s is None else tokenize_s, **stage},
+        ],
+        "coverage": 1.0,
+    }

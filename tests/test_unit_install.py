@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from record_checks import ok_record
 
 from sglang_mmtrace.cli.extras import MODULES
 
@@ -91,24 +92,6 @@ def test_every_import_is_declared_by_the_base_or_its_extra() -> None:
     assert {d.lower() for m in MODULES for d in dists[m]} == bench
 
 
-def _record(rid: str, ttft_s: float) -> dict[str, Any]:
-    """An ok record as the contract writes it: the request, and tokenize taking half of TTFT."""
-    stage = {"process": "api", "start_s": 0.0, "clock": "host", "attrs": {}}
-    return {
-        "rid": rid,
-        "status": "ok",
-        "arrival_unix_s": 1_700_000_000.0,
-        "ttft_s": ttft_s,
-        "images": [],
-        "cache": {"preprocess": "off", "embedding": "off", "image_prefix_hit": False},
-        "stages": [
-            {"name": "request", "dur_s": ttft_s, **stage},
-            {"name": "tokenize", "dur_s": ttft_s / 2, **stage},
-        ],
-        "coverage": 1.0,
-    }
-
-
 def _run(*argv: str | Path, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     # No PYTHONPATH (this checkout would shadow the installed package) and no user site-packages
     # (numpy there would hide that the venv lacks it).
@@ -154,7 +137,11 @@ def test_the_base_install_has_no_lab_dependency(venv: Path, tmp_path: Path) -> N
 
 def test_report_text_html_and_trace_on_the_base_install(venv: Path, tmp_path: Path) -> None:
     records = tmp_path / "records.jsonl"
-    records.write_text("".join(json.dumps(_record(f"r{i}", 0.1 + i * 0.01)) + "\n" for i in range(3)))
+    records.write_text(
+        "".join(
+            json.dumps(ok_record(f"r{i}", 0.1 + i * 0.01, tokenize_s=(0.1 + i * 0.01) / 2)) + "\n" for i in range(3)
+        )
+    )
     html, trace = tmp_path / "out" / "report.html", tmp_path / "out" / "trace.json"
     done = _run(venv / "sglang-mmtrace", "report", records, "--html", html, "--chrome-trace", trace, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -15,29 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from record_checks import ok_record
 
 from sglang_mmtrace.cli.main import main
 
 
-def _record(rid: str, ttft_s: float = 0.1) -> dict[str, Any]:
-    """A minimal ok record as the contract writes it (one stage covering all of TTFT)."""
-    return {
-        "rid": rid,
-        "status": "ok",
-        "arrival_unix_s": 1_700_000_000.0,
-        "ttft_s": ttft_s,
-        "images": [],
-        "cache": {"preprocess": "off", "embedding": "off", "image_prefix_hit": False},
-        "stages": [
-            {"name": "request", "process": "api", "start_s": 0.0, "dur_s": ttft_s, "clock": "host", "attrs": {}},
-            {"name": "tokenize", "process": "api", "start_s": 0.0, "dur_s": ttft_s, "clock": "host", "attrs": {}},
-        ],
-        "coverage": 1.0,
-    }
-
-
 def _line(rid: str) -> str:
-    return json.dumps(_record(rid)) + "\n"
+    return json.dumps(ok_record(rid)) + "\n"
 
 
 def _report(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str, str]:
@@ -86,7 +70,7 @@ def test_truncated_last_line_of_a_live_file(tmp_path: Path, capsys: pytest.Captu
 
 def test_json_array_is_not_a_records_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "r.json"
-    path.write_text(json.dumps([_record("a"), _record("b")]) + "\n")
+    path.write_text(json.dumps([ok_record("a"), ok_record("b")]) + "\n")
     rc, out, err = _report(capsys, path)
     assert rc == 1 and not out
     why = "a JSON array, not a record object"
@@ -174,7 +158,7 @@ def test_output_that_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFix
 def test_warmup_records_are_left_out_unless_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A JIT-bound warm-up (10 s) would be the p95 of a short run: left out, said so, kept on request."""
     path = tmp_path / "records.jsonl"
-    warm = {**_record("warm", ttft_s=10.0), "warmup": True}
+    warm = {**ok_record("warm", ttft_s=10.0), "warmup": True}
     path.write_text(json.dumps(warm) + "\n" + "".join(_line(f"r{i}") for i in range(3)))
     rc, out, err = _report(capsys, path, "--json")
     assert rc == 0 and _one_line(err).endswith("1 warm-up record(s) left out (--include-warmup keeps them)")
@@ -188,6 +172,6 @@ def test_warmup_records_are_left_out_unless_asked(tmp_path: Path, capsys: pytest
 
 def test_only_warmup_records_is_an_error_that_names_the_option(tmp_path: Path, capsys) -> None:
     path = tmp_path / "records.jsonl"
-    path.write_text(json.dumps({**_record("warm"), "warmup": True}) + "\n")
+    path.write_text(json.dumps({**ok_record("warm"), "warmup": True}) + "\n")
     rc, out, err = _report(capsys, path)
     assert rc == 1 and not out and _one_line(err).endswith("only warm-up records; --include-warmup shows them")
