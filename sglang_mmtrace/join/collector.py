@@ -363,7 +363,7 @@ class Collector:
             record["occupancy"] = self.occupancy  # as last sampled (``_sync_health``): report's occupancy rows
         self._records += 1
         parent = trace.sglang_traceparent or (trace.http.traceparent if trace.http is not None else None)
-        ctx = EmitContext(parent, self._pids(remote, api_pid), _http_facts(trace.http))
+        ctx = EmitContext(parent, self._pids(remote, api_pid), http_facts(trace.http))
         parts = self._setting_of(trace).enabled
         for sink in self.sinks:
             if sink.PART not in parts:
@@ -634,7 +634,7 @@ def _join_stages(trace: ApiTrace, remote: list[StageEvent]) -> list[StageEvent]:
     return out
 
 
-def _http_facts(http: HttpCtx | None) -> HttpFacts | None:
+def http_facts(http: HttpCtx | None) -> HttpFacts | None:
     """What the spans may say about the exchange. Streamed: its first body bytes went out before its
     last (the middleware times a one-message body's first bytes as its last)."""
     if http is None:
