@@ -50,6 +50,19 @@ def _gpu_timing(raw: str) -> str:
     raise ValueError(raw)
 
 
+CAPTURE_MODES = {"no_content": False, "event_only": False, "span_only": True, "span_and_event": True}
+"""``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``'s modes (opentelemetry-util-genai) -> capture:
+the plugin puts content on its root span and in its record and emits no events, so only the modes
+that put content on spans turn it on."""
+
+
+def _capture(raw: str) -> bool:
+    """A content-capture setting: a mode of ``CAPTURE_MODES`` or a flag (the boolean form both
+    variables take)."""
+    mode = CAPTURE_MODES.get(raw.strip().lower())
+    return _flag(raw) if mode is None else mode
+
+
 def _names(raw: str) -> frozenset[str]:
     return frozenset(x.strip() for x in raw.split(",") if x.strip())
 
@@ -120,6 +133,7 @@ OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 OTEL_TRACES_SAMPLER = "OTEL_TRACES_SAMPLER"
 OTEL_TRACES_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
 OTEL_PROPAGATORS = "OTEL_PROPAGATORS"
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 VARIABLES: tuple[Variable, ...] = (
     Variable("SGLANG_MMTRACE", "enabled", True, "master switch; 0 turns every part off", _flag),
@@ -185,8 +199,11 @@ VARIABLES: tuple[Variable, ...] = (
         "capture_content",
         False,
         "never put prompt text, image bytes or URLs anywhere unless 1; with 1 the prompt and image URLs "
-        "(data: URLs as type and size only) go into the record's content and the root span",
-        _flag,
+        "(data: URLs as type and size only) go into the record's content and the root span. Unset: "
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT decides (true, SPAN_ONLY, SPAN_AND_EVENT: on; "
+        "false, NO_CONTENT, EVENT_ONLY: off)",
+        _capture,
+        fallbacks=(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT,),
     ),
     Variable(SGLANG_MMTRACE_MANIFEST, None, None, "a manifest TOML that replaces the packaged one for this SGLang"),
     Variable(

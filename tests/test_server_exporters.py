@@ -40,6 +40,8 @@ pytestmark = pytest.mark.server
 
 RECORD_TIMEOUT_S = 120.0
 SPAN_TIMEOUT_S = 90.0
+KIND_SERVER = 2  # opentelemetry.proto Span.SpanKind
+RESPONSE_ID = "gen_ai.response.id"  # the root span's rid
 DUR_TOL_S = 1e-3  # span duration / start vs record: within 1 ms (the spans are built from the record)
 QUESTION = "Exporter test: what is in this image?"
 TEXT = "Exporter test: say something short about the sea."
@@ -152,9 +154,10 @@ def spans_of(receiver: OtlpReceiver, trace_id: str) -> list[Span]:
 
 
 def wait_spans(receiver: OtlpReceiver, rec: dict[str, Any], server: CpuServer) -> list[Span]:
-    """Poll the receiver until the record's trace holds one span per record stage (or time out)."""
+    """Poll the receiver until the record's trace holds its root and one span per record stage (or
+    time out)."""
     assert rec.get("trace_id"), f"record has no trace_id: {json.dumps(rec)[:3000]}"
-    want = len(rec["stages"])
+    want = len(rec["stages"]) + 1
     deadline = time.monotonic() + SPAN_TIMEOUT_S
     polls = 0
     while True:
@@ -170,10 +173,10 @@ def wait_spans(receiver: OtlpReceiver, rec: dict[str, Any], server: CpuServer) -
                     f"failures {errors}; plugin warnings in the log:\n{plugin_warnings(server)}"
                 )
         if time.monotonic() > deadline:
-            by_rid = Counter(s.trace_id for s in receiver.snapshot() if s.attrs.get("sglang.rid") == rec["rid"])
+            by_rid = Counter(s.trace_id for s in receiver.snapshot() if s.attrs.get(RESPONSE_ID) == rec["rid"])
             raise AssertionError(
                 f"rid {rec['rid']}: {len(spans)} spans of trace {rec['trace_id']} after {SPAN_TIMEOUT_S:.0f} s, "
-                f"record has {want} stages; spans carrying this rid by trace id: {dict(by_rid)}; "
+                f"want {want} (the root and the record's stages); root spans of this rid by trace id: {dict(by_rid)}; "
                 f"receiver requests {receiver.requests}, bad {receiver.bad_requests[:3]}" + server_context(server)
             )
         time.sleep(0.2)
@@ -198,25 +201,36 @@ def describe_spans(spans: Sequence[Span]) -> str:
     )
 
 
+def server_root(spans: Sequence[Span]) -> Span:
+    """The request's root: the GenAI operation's SERVER span (``chat <model>``)."""
+    (root,) = [s for s in spans if s.kind == KIND_SERVER]
+    return root
+
+
 def span_problems(rec: dict[str, Any], spans: Sequence[Span], pids: Mapping[str, set[int]], api_pid: int) -> list[str]:
     """Everything a request's trace must satisfy, against its record."""
     problems: list[str] = []
     trace_ids = {s.trace_id for s in spans}
     if trace_ids != {rec["trace_id"]}:
         problems.append(f"trace ids {trace_ids} != record trace_id {rec['trace_id']}")
-    foreign = {s.attrs.get("sglang.rid") for s in spans} - {rec["rid"]}
+    foreign = {s.attrs[RESPONSE_ID] for s in spans if RESPONSE_ID in s.attrs} - {rec["rid"]}
     if foreign:
-        problems.append(f"spans of other rids in this trace: {foreign}")
+        problems.append(f"root spans of other rids in this trace: {foreign}")
     ids = Counter(s.span_id for s in spans)
     if any(n > 1 for n in ids.values()):
         problems.append(f"duplicate span ids: {[k for k, n in ids.items() if n > 1]}")
     by_id = {s.span_id: s for s in spans}
 
-    roots = [s for s in spans if s.name == ROOT]
-    if len(roots) != 1:
-        problems.append(f"{len(roots)} root '{ROOT}' spans")
+    servers = [s for s in spans if s.kind == KIND_SERVER]
+    ttfts = [s for s in spans if s.name == ROOT]
+    if len(servers) != 1 or len(ttfts) != 1:
+        problems.append(f"{len(servers)} SERVER spans and {len(ttfts)} '{ROOT}' spans, want one each")
         return problems
-    root = roots[0]
+    root, ttft = servers[0], ttfts[0]
+    if root.name != f"chat {rec['model']}":
+        problems.append(f"root span named {root.name!r}, want 'chat {rec['model']}'")
+    if ttft.parent_span_id != root.span_id:
+        problems.append(f"'{ROOT}' span's parent is {ttft.parent_span_id}, not the root {root.span_id}")
 
     # every parent exists in the same trace (the root's parent is the caller's, checked elsewhere)
     for s in spans:
@@ -226,7 +240,7 @@ def span_problems(rec: dict[str, Any], spans: Sequence[Span], pids: Mapping[str,
     # stage spans parented by the nearest catalogue ancestor present in the record
     present = {st["name"] for st in rec["stages"]}
     for s in spans:
-        if s is root or s.parent_span_id not in by_id:
+        if s is root or s is ttft or s.parent_span_id not in by_id:
             continue
         stage = STAGES.get(s.name)
         want = stage.parent if stage else ROOT
@@ -245,7 +259,8 @@ def span_problems(rec: dict[str, Any], spans: Sequence[Span], pids: Mapping[str,
         rec_by_name[st["name"]].append(st)
     span_by_name: dict[str, list[Span]] = defaultdict(list)
     for s in spans:
-        span_by_name[s.name].append(s)
+        if s is not root:
+            span_by_name[s.name].append(s)
     for name in sorted(set(rec_by_name) | set(span_by_name)):
         rs = sorted(rec_by_name.get(name, []), key=lambda st: st["start_s"])
         ss = sorted(span_by_name.get(name, []), key=lambda s: s.start_ns)
@@ -263,10 +278,10 @@ def span_problems(rec: dict[str, Any], spans: Sequence[Span], pids: Mapping[str,
                 problems.append(
                     f"stage {name}: resource sglang.process {sp.resource.get('sglang.process')} != {st['process']}"
                 )
-            if sp.attrs.get("sglang.rid") != rec["rid"]:
-                problems.append(f"stage {name}: sglang.rid {sp.attrs.get('sglang.rid')} != {rec['rid']}")
-    if abs(root.duration_s - rec["ttft_s"]) > DUR_TOL_S:
-        problems.append(f"root duration {root.duration_s:.6f} != ttft_s {rec['ttft_s']}")
+    if abs(ttft.duration_s - rec["ttft_s"]) > DUR_TOL_S:
+        problems.append(f"'{ROOT}' span duration {ttft.duration_s:.6f} != ttft_s {rec['ttft_s']}")
+    if abs(root.duration_s - rec["e2e_s"]) > DUR_TOL_S:
+        problems.append(f"root duration {root.duration_s:.6f} != e2e_s {rec['e2e_s']} (arrival to the last byte)")
 
     # resources: the process kind and the pid of the SGLang process that did the work
     for s in spans:
@@ -280,13 +295,21 @@ def span_problems(rec: dict[str, Any], spans: Sequence[Span], pids: Mapping[str,
     if not want_procs <= procs:
         problems.append(f"spans come from processes {procs}, expected at least {want_procs}")
 
-    # GenAI attributes on the root
+    # GenAI and HTTP server attributes on the root (the conventions' table: test_unit_genai_spans.py)
     want_attrs = {
         "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "sglang",
         "gen_ai.request.model": rec["model"],
+        "gen_ai.request.stream": True,
+        RESPONSE_ID: rec["rid"],
         "gen_ai.usage.input_tokens": rec["prompt_tokens"],
+        "gen_ai.usage.cache_read.input_tokens": rec["cached_tokens"],
         "gen_ai.usage.output_tokens": rec["output_tokens"],
-        "sglang.rid": rec["rid"],
+        "http.request.method": "POST",
+        "http.route": "/v1/chat/completions",
+        "http.response.status_code": 200,
+        "url.path": "/v1/chat/completions",
+        "url.scheme": "http",
     }
     for key, value in want_attrs.items():
         if root.attrs.get(key) != value:
@@ -354,7 +377,7 @@ def test_otlp_http_trace_matches_record(otlp_exchanges, http_receiver, server_a,
     spans = wait_spans(http_receiver, rec, server_a)
     problems = span_problems(rec, spans, peer_pids(server_a), server_a.process.pid)
     if label != "traceparent":
-        root = next(s for s in spans if s.name == ROOT)
+        root = server_root(spans)
         if root.parent_span_id is not None:
             problems.append(f"root has parent {root.parent_span_id} though the request carried no traceparent")
     if ex.usage is not None and ex.usage.get("prompt_tokens") != rec["prompt_tokens"]:
@@ -376,12 +399,12 @@ def test_otlp_one_distinct_trace_per_request(otlp_exchanges, http_receiver, serv
     assert len(set(trace_ids.values())) == len(trace_ids), trace_ids
     for ex in otlp_exchanges.values():
         wait_spans(http_receiver, ex.record, server_a)
-    # every span that names one of these rids is in that rid's trace
+    # every root span that names one of these rids is in that rid's trace
     by_rid = {ex.rid: ex.record["trace_id"] for ex in otlp_exchanges.values()}
     stray = [
-        (s.name, s.attrs["sglang.rid"], s.trace_id)
+        (s.name, s.attrs[RESPONSE_ID], s.trace_id)
         for s in http_receiver.snapshot()
-        if s.attrs.get("sglang.rid") in by_rid and s.trace_id != by_rid[s.attrs["sglang.rid"]]
+        if s.attrs.get(RESPONSE_ID) in by_rid and s.trace_id != by_rid[s.attrs[RESPONSE_ID]]
     ]
     assert not stray, f"spans outside their request's trace: {stray[:10]}"
 
@@ -392,7 +415,7 @@ def test_otlp_traceparent_is_continued(otlp_exchanges, http_receiver, server_a):
     assert ex.record["trace_id"] == trace_id == TRACEPARENT_TRACE, ex.record
     spans = wait_spans(http_receiver, ex.record, server_a)
     assert {s.trace_id for s in spans} == {trace_id}
-    root = next(s for s in spans if s.name == ROOT)
+    root = server_root(spans)
     assert root.parent_span_id == parent_span, describe_spans(spans)
     assert all(s.parent_span_id != parent_span for s in spans if s is not root), describe_spans(spans)
 

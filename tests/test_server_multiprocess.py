@@ -35,10 +35,10 @@ def test_doctor_lists_the_limit_and_the_launcher():
 
 
 def _spans_of(receiver: OtlpReceiver, rec: dict, timeout: float = 60.0) -> list:
-    """The spans of one record's trace, once all of them (one per stage) have arrived."""
+    """The spans of one record's trace, once all of them (the root and one per stage) have arrived."""
     deadline = time.monotonic() + timeout
-    while len(spans := [s for s in receiver.snapshot() if s.trace_id == rec["trace_id"]]) < len(rec["stages"]):
-        assert time.monotonic() < deadline, f"{rec['rid']}: {len(spans)} of {len(rec['stages'])} spans"
+    while len(spans := [s for s in receiver.snapshot() if s.trace_id == rec["trace_id"]]) <= len(rec["stages"]):
+        assert time.monotonic() < deadline, f"{rec['rid']}: {len(spans)} of {len(rec['stages']) + 1} spans"
         time.sleep(0.2)
     return spans
 
@@ -86,7 +86,7 @@ def test_two_tokenizer_workers_under_the_launcher_record_every_request_once(work
                 assert {"request", "http.parse", "tokenize", "mm.process", "scheduler.queue", "model.vision_encoder",
                         "detokenize", "response.first_chunk"} <= names, sorted(names)  # fmt: skip
                 spans = _spans_of(receiver, rec)
-                assert len({s.span_id for s in spans}) == len(rec["stages"]), rid  # one trace, a span per stage
+                assert len({s.span_id for s in spans}) == len(rec["stages"]) + 1, rid  # the root, a span per stage
                 pids = {s.resource.get("process.pid") for s in spans if s.resource.get("sglang.process") == "api"}
                 assert len(pids) == 1 and pids <= workers, f"{rid}: api spans from {pids}, workers {workers}"
                 served[rid] = pids.pop()
@@ -151,8 +151,8 @@ def test_two_data_parallel_schedulers_join_per_request(dp2):
         assert rec["status"] == "ok" and {"scheduler.queue", "model.forward", "model.vision_encoder"} <= names, rec
         assert rec["coverage"] >= 0.9, rec["coverage"]
         deadline = time.monotonic() + 60
-        while len(spans := [s for s in receiver.snapshot() if s.trace_id == rec["trace_id"]]) < len(rec["stages"]):
-            assert time.monotonic() < deadline, f"{rid}: {len(spans)} of {len(rec['stages'])} spans"
+        while len(spans := [s for s in receiver.snapshot() if s.trace_id == rec["trace_id"]]) <= len(rec["stages"]):
+            assert time.monotonic() < deadline, f"{rid}: {len(spans)} of {len(rec['stages']) + 1} spans"
             time.sleep(0.2)
         pids = {s.resource.get("process.pid") for s in spans if s.resource.get("sglang.process") == "scheduler"}
         assert len(pids) == 1 and pids <= schedulers, f"{rid}: scheduler spans from pids {pids}, peers {schedulers}"

@@ -69,6 +69,25 @@ def test_defaults_are_the_contracts(monkeypatch):
         ({"SGLANG_MMTRACE_GRACE_S": "0"}, {"grace_s": 0.05}),
         ({"SGLANG_MMTRACE_GRACE_S": "x"}, {"grace_s": 2.0}),
         ({"SGLANG_MMTRACE_CAPTURE_CONTENT": "1"}, {"capture_content": True}),
+        # the standard GenAI variable, consulted where the plugin's own is unset or empty
+        ({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"}, {"capture_content": True}),
+        ({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"}, {"capture_content": True}),
+        ({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "span_and_event"}, {"capture_content": True}),
+        ({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "EVENT_ONLY"}, {"capture_content": False}),
+        ({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "NO_CONTENT"}, {"capture_content": False}),
+        ({"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "false"}, {"capture_content": False}),
+        (
+            {"SGLANG_MMTRACE_CAPTURE_CONTENT": "0", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"},
+            {"capture_content": False},
+        ),
+        (
+            {"SGLANG_MMTRACE_CAPTURE_CONTENT": "1", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "NO_CONTENT"},
+            {"capture_content": True},
+        ),
+        (
+            {"SGLANG_MMTRACE_CAPTURE_CONTENT": "", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY"},
+            {"capture_content": True},
+        ),
         ({"SGLANG_MMTRACE_GPU_TIMING": "all"}, {"gpu_timing": "all"}),
         ({"SGLANG_MMTRACE_GPU_TIMING": "ALL "}, {"gpu_timing": "all"}),
         ({"SGLANG_MMTRACE_GPU_TIMING": "off"}, {"gpu_timing": "0"}),

@@ -237,7 +237,7 @@ def test_slow_requests_link_to_the_trace_backend():
     table = panels[next(t for t in panels if t.startswith("Slow requests"))]
     (target,) = table["targets"]
     assert table["datasource"] == {"type": "jaeger", "uid": "${traces}"}
-    assert (target["queryType"], target["service"], target["operation"]) == ("search", gen.TRACE_SERVICE, ROOT)
+    assert (target["queryType"], target["service"], target["operation"]) == ("search", "$service", ROOT)
     # TTFT panels: a data link to Explore searching root spans at least as slow as the clicked value
     for title in ("TTFT p50 / p95 / p99 by modality", "TTFT p50 / p95 / p99 by prefix"):
         (link,) = panels[title]["fieldConfig"]["defaults"]["links"]
@@ -247,10 +247,13 @@ def test_slow_requests_link_to_the_trace_backend():
         pane = json.loads(panes)["slow"]
         (q,) = pane["queries"]
         assert pane["datasource"] == q["datasource"]["uid"] == "${traces}"
-        assert (q["service"], q["operation"], q["minDuration"]) == (gen.TRACE_SERVICE, ROOT, "${__value.raw}s")
+        assert (q["service"], q["operation"], q["minDuration"]) == ("${service}", ROOT, "${__value.raw}s")
         assert pane["range"] == {"from": "${__from}", "to": "${__to}"}
     kinds = {v["name"]: v["query"] for v in board["templating"]["list"] if v["type"] == "datasource"}
     assert kinds == {"datasource": "prometheus", "traces": "jaeger"}
+    # the trace service is a variable: a deployment with its own OTEL_SERVICE_NAME sets it
+    (service,) = [v for v in board["templating"]["list"] if v["name"] == "service"]
+    assert (service["type"], service["query"]) == ("textbox", gen.TRACE_SERVICE)
 
 
 def test_substitute_leaves_no_grafana_variable():

@@ -13,9 +13,13 @@ import time
 from typing import Any
 
 import pytest
+from fastapi import FastAPI, Request  # SGLang's server: a FastAPI app (module level: its annotations resolve)
+from fastapi.responses import StreamingResponse
 
 from sglang_mmtrace import runtime
 from sglang_mmtrace.hooks.api.http_server import MmtraceMiddleware
+from sglang_mmtrace.join.collector import http_facts
+from sglang_mmtrace.join.record import HttpFacts
 
 
 class NotingCollector:
@@ -98,3 +102,47 @@ def test_body_times_are_when_the_message_was_handed_on_not_when_send_returned(co
     ctx = collector.finished[0][1]
     assert ctx.t_first_body <= handed[0] < ctx.t_first_body + 0.01
     assert ctx.t_last_body <= handed[-1] < ctx.t_last_body + 0.01
+
+
+def test_root_span_facts_come_from_the_routed_scope(collector: NotingCollector) -> None:
+    """Method, scheme, the path without its query string, and the route template FastAPI matched (the
+    ``http.route`` of the spans; read from the scope FastAPI routed, so a real FastAPI app here)."""
+    app = FastAPI()
+
+    @app.post("/v1/items/{item_id}")
+    async def item(item_id: str, request: Request) -> StreamingResponse:
+        request.scope["state"]["mmtrace"].traces.append(object())
+
+        async def chunks():
+            yield b"data: 0\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    app.add_middleware(MmtraceMiddleware)
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "https",
+        "path": "/v1/items/7",
+        "raw_path": b"/v1/items/7",
+        "query_string": b"token=secret",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "server": ("127.0.0.1", 30000),
+        "client": ("127.0.0.1", 5000),
+    }
+    requested = []
+
+    async def receive() -> dict:  # the request, then (a listener for a disconnect) nothing more
+        if not requested:
+            requested.append(True)
+            return await _receive()
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    asyncio.run(asyncio.wait_for(app(scope, receive, _send), 10))
+    ctx = collector.finished[0][1]
+    assert http_facts(ctx) == HttpFacts("POST", "https", "/v1/items/7", "/v1/items/{item_id}", 200, streamed=True)

@@ -200,7 +200,7 @@ def test_service_name_and_resource(env, values, service_name, extra):
     sink = OtlpSink(settings(cfg), exporter=exporter)
     sink.emit(_record(), EmitContext(pids={"api": 11}))
     sink.processor.force_flush()
-    (span,) = exporter.get_finished_spans()
+    span, _ = exporter.get_finished_spans()  # the request's ``request`` span and its root, both the API's
     resource = span.resource.attributes
     assert resource["service.name"] == service_name
     assert resource["sglang.process"] == "api" and resource["process.pid"] == 11  # the plugin's stay
@@ -255,7 +255,7 @@ def test_trace_id_only_for_an_exported_trace(env, monkeypatch, values, carrier, 
     sink.processor.force_flush()
     spans = exporter.get_finished_spans()
     if exported:
-        assert len(spans) == 1 and rec["trace_id"] == format(spans[0].context.trace_id, "032x")
+        assert len(spans) == 2 and {format(s.context.trace_id, "032x") for s in spans} == {rec["trace_id"]}
         assert rec["trace_id"] != "0" * 32
     else:
         assert len(spans) == 0 and rec["trace_id"] is None
@@ -266,7 +266,7 @@ def test_tracestate_is_kept(env):
     sink = OtlpSink(settings(env(SGLANG_MMTRACE_OTLP_ENDPOINT="http://unused")), exporter=exporter)
     sink.emit(_record(), EmitContext({"traceparent": SAMPLED, "tracestate": "vendor=abc"}))
     sink.processor.force_flush()
-    (span,) = exporter.get_finished_spans()
+    span, _ = exporter.get_finished_spans()
     assert span.context.trace_state.get("vendor") == "abc"
     assert format(span.context.trace_id, "032x") == SAMPLED.split("-")[1]
 
@@ -314,9 +314,9 @@ def test_spans_reach_a_real_receiver_under_the_configured_service_name(env):
         sink.emit(rec, EmitContext({"traceparent": SAMPLED, "tracestate": "vendor=abc"}, {"api": 11}))
         sink.close()
         deadline = time.monotonic() + 10
-        while not receiver.snapshot() and time.monotonic() < deadline:
+        while len(receiver.snapshot()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        (span,) = receiver.snapshot()
+        span, _ = receiver.snapshot()  # the root and its ``request`` span
         assert receiver.bad_requests == []
         assert span.resource["service.name"] == "my-vlm"
         assert span.resource["deployment.environment"] == "test"

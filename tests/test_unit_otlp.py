@@ -1,7 +1,7 @@
 """Spans built from a record: parentage from the catalogue, times from the record, GenAI attributes.
 
-Uses the OpenTelemetry SDK's own in-memory exporter; the real OTLP wire protocol (HTTP and gRPC)
-is tested against a receiver in test_server_exporters*.py.
+Uses the OpenTelemetry SDK's own in-memory exporter; the real OTLP wire protocol is tested against a
+receiver in test_unit_genai_spans.py (with the conventions' tables) and test_server_exporters*.py.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def test_record_becomes_one_trace_with_catalogue_parentage():
         "arrival_unix_s": 1000.0,
         "status": "ok",
         "model": "m",
+        "e2e_s": 0.3,
         "prompt_tokens": 7,
         "output_tokens": 2,
         "cached_tokens": 0,
@@ -43,14 +44,16 @@ def test_record_becomes_one_trace_with_catalogue_parentage():
     sink.emit(rec, EmitContext({"traceparent": traceparent}, {"api": 11, "scheduler": 22}))
     sink.processor.force_flush()
     spans = {s.name: s for s in exporter.get_finished_spans()}
-    assert set(spans) == {s["name"] for s in rec["stages"]}
-    root = spans["request"]
+    assert set(spans) == {"chat m"} | {s["name"] for s in rec["stages"]}
+    root, ttft = spans["chat m"], spans["request"]
     assert format(root.context.trace_id, "032x") == rec["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
     assert root.parent.span_id == int("b7ad6b7169203331", 16)
     assert root.attributes["gen_ai.operation.name"] == "chat" and root.attributes["gen_ai.usage.input_tokens"] == 7
-    assert root.attributes["sglang.rid"] == "r1"
-    parent_of = {name: s.parent.span_id for name, s in spans.items() if name != "request"}
-    assert parent_of["tokenize"] == root.context.span_id
+    assert root.attributes["gen_ai.response.id"] == "r1"
+    assert (root.end_time - root.start_time, ttft.end_time - ttft.start_time) == (300_000_000, 100_000_000)
+    parent_of = {name: s.parent.span_id for name, s in spans.items() if name != "chat m"}
+    assert parent_of["request"] == root.context.span_id
+    assert parent_of["tokenize"] == ttft.context.span_id
     assert parent_of["mm.process"] == spans["tokenize"].context.span_id
     assert parent_of["mm.decode"] == spans["mm.process"].context.span_id
     assert parent_of["model.vision_encoder"] == spans["model.forward"].context.span_id

@@ -24,6 +24,7 @@ NOT_STAGES = {
     *HOOKS,  # hook ids share some groups' prefixes (``scheduler.run_batch``, ``transport.wrap_shm_features``)
     "http.request",  # ASGI message types (hooks/api/http_server.py)
     "http.disconnect",
+    "http.route",  # the HTTP semantic conventions' attribute (sinks/semconv.py)
     "model.safetensors",  # a checkpoint's file name (harness)
 }
 

@@ -43,7 +43,8 @@ SUCCESS = 'error_type=""'
 SGLANG_METRICS = ("num_queue_reqs", "num_running_reqs")
 """SGLang's own metrics the dashboard reads (``sglang:<name>``, checked on the demo server's ``/metrics``)."""
 TRACE_SERVICE = "sglang"
-"""``service.name`` of the plugin's OTLP spans (OtlpSink's default)."""
+"""``service.name`` of the plugin's OTLP spans where ``OTEL_SERVICE_NAME`` names none (``otlp.SERVICE_NAME``):
+the default of the dashboard's ``service`` variable, which a deployment with its own service name sets."""
 PROM_DS = {"type": "prometheus", "uid": "${datasource}"}
 TRACES_DS = {"type": "jaeger", "uid": "${traces}"}
 QUANTILES = (0.5, 0.95, 0.99)
@@ -118,7 +119,13 @@ def traces_link(title: str) -> dict[str, Any]:
     searches the trace backend for ``request`` spans at least as slow as the point clicked, in the
     panel's time range.
     """
-    placeholders = {"@@MIN@@": "${__value.raw}s", "@@FROM@@": "${__from}", "@@TO@@": "${__to}", "@@DS@@": "${traces}"}
+    placeholders = {
+        "@@MIN@@": "${__value.raw}s",
+        "@@FROM@@": "${__from}",
+        "@@TO@@": "${__to}",
+        "@@DS@@": "${traces}",
+        "@@SERVICE@@": "${service}",
+    }
     pane = {
         "slow": {
             "datasource": "@@DS@@",
@@ -127,7 +134,7 @@ def traces_link(title: str) -> dict[str, Any]:
                     "refId": "A",
                     "datasource": {"type": "jaeger", "uid": "@@DS@@"},
                     "queryType": "search",
-                    "service": TRACE_SERVICE,
+                    "service": "@@SERVICE@@",
                     "operation": ROOT_STAGE,
                     "minDuration": "@@MIN@@",
                     "limit": 20,
@@ -341,15 +348,16 @@ def slow_traces_panel() -> dict[str, Any]:
     return {
         "type": "table",
         "title": "Slow requests: traces with TTFT >= $slow (click a trace)",
-        "description": "Root `request` spans from the trace backend whose duration (server-side TTFT) is at "
-        "least `$slow`, newest first. Each row links to the full stage-by-stage trace.",
+        "description": "The `request` spans (each trace's TTFT: the child of its `chat <model>` root that ends at "
+        "the first chunk) of service `$service` from the trace backend whose duration is at least `$slow`, "
+        "newest first. Each row links to the full stage-by-stage trace.",
         "datasource": TRACES_DS,
         "targets": [
             {
                 "refId": "A",
                 "datasource": TRACES_DS,
                 "queryType": "search",
-                "service": TRACE_SERVICE,
+                "service": "$service",
                 "operation": ROOT_STAGE,
                 "minDuration": "$slow",
                 "limit": 20,
@@ -645,6 +653,13 @@ def template_variables() -> list[dict[str, Any]]:
         {"name": "traces", "label": "traces", "type": "datasource", "query": "jaeger"},
         query_var("model", f"label_values({PREFIX}requests_total, model_name)"),
         query_var("instance", f'label_values({PREFIX}requests_total{{model_name=~"$model"}}, instance)'),
+        {
+            "name": "service",
+            "label": "trace service",
+            "type": "textbox",
+            "query": TRACE_SERVICE,
+            "current": {"selected": False, "text": TRACE_SERVICE, "value": TRACE_SERVICE},
+        },
         {
             "name": "slow",
             "label": "slow TTFT >=",

@@ -47,7 +47,7 @@ from ..stages import (
 )
 from . import ipc
 from .context import ApiTrace, HttpCtx, from_wire
-from .record import EmitContext, StageEvent, coverage, merge_chunks, stage_dicts
+from .record import EmitContext, HttpFacts, StageEvent, coverage, merge_chunks, stage_dicts
 
 logger = logging.getLogger("sglang_mmtrace")
 
@@ -363,7 +363,7 @@ class Collector:
             record["occupancy"] = self.occupancy  # as last sampled (``_sync_health``): report's occupancy rows
         self._records += 1
         carrier = trace.sglang_trace_headers or (trace.http.trace_headers if trace.http is not None else None)
-        ctx = EmitContext(carrier or {}, self._pids(remote, api_pid))
+        ctx = EmitContext(carrier or {}, self._pids(remote, api_pid), http_facts(trace.http))
         parts = self._setting_of(trace).enabled
         for sink in self.sinks:
             if sink.PART not in parts:
@@ -635,6 +635,16 @@ def _join_stages(trace: ApiTrace, remote: list[StageEvent]) -> list[StageEvent]:
     if detok is not None and t_first_output is not None and t_first_output > detok.t1:
         out.append(StageEvent(RESPONSE_INBOX_WAIT, API, detok.t1, t_first_output))
     return out
+
+
+def http_facts(http: HttpCtx | None) -> HttpFacts | None:
+    """What the spans may say about the exchange. Streamed: its first body bytes went out before its
+    last (the middleware times a one-message body's first bytes as its last)."""
+    if http is None:
+        return None
+    first, last = http.t_first_body, http.t_last_body
+    streamed = first is not None and last is not None and first < last
+    return HttpFacts(http.method, http.scheme, http.path, http.route, http.status_code, streamed)
 
 
 def _trace_id(http: HttpCtx | None) -> str | None:

@@ -46,6 +46,9 @@ class HttpCtx:
         "convert",
         "trace_headers",
         "path",
+        "method",
+        "scheme",
+        "route",
         "internal",
         "gen",
         "gen_end",
@@ -68,6 +71,9 @@ class HttpCtx:
         self.trace_headers: dict[str, str] | None = None
         """The incoming trace context: the headers the configured propagators read (``traceparent``,
         ``tracestate``, ``baggage`` by default)."""
+        self.method = ""  # the HTTP method, scheme and matched route: the root span's HTTP attributes
+        self.scheme = "http"
+        self.route: str | None = None  # set when the exchange is handed over (routing has run by then)
         self.internal = path in INTERNAL_PATHS  # SGLang's own health probes: joined, never reported
         self.gen = switch.generation  # recorded only if it ends in the same switch generation
         self.gen_end: int | None = None  # the generation when the last body byte was sent

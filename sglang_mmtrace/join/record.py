@@ -26,6 +26,21 @@ class StageEvent:
     pid: int | None = None  # the sending process (several schedulers with --dp-size > 1); not in the record
 
 
+@dataclass(slots=True, frozen=True)
+class HttpFacts:
+    """The HTTP exchange as the API process's middleware saw it, for the root span's HTTP server
+    attributes: the path without its query string, the matched route's template (None where none
+    matched), the status sent (None where no response started), whether the body went out in more
+    than one message (a streamed response). No header, no body."""
+
+    method: str
+    scheme: str
+    path: str
+    route: str | None = None
+    status_code: int | None = None
+    streamed: bool = False
+
+
 @dataclass(slots=True)
 class EmitContext:
     """What sinks may need beyond the record: never written to the record itself."""
@@ -34,6 +49,7 @@ class EmitContext:
     """The incoming trace context's headers (``OTEL_PROPAGATORS``' fields: by default ``traceparent``,
     ``tracestate``, ``baggage``), for the configured propagator to extract."""
     pids: dict[str, int] = field(default_factory=dict)  # SGLang process kind -> pid
+    http: HttpFacts | None = None  # None for an offline Engine call
 
 
 def merge_chunks(events: list[StageEvent]) -> list[StageEvent]:

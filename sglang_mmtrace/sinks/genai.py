@@ -24,12 +24,7 @@ from typing import Any
 
 from .. import telemetry
 from ..join.record import EmitContext
-
-PROVIDER = "sglang"
-"""``gen_ai.provider.name``: no well-known value names a self-hosted server, so the server's own name
-(the conventions allow a custom value; SGLang's OpenAI-compatible API serves the request)."""
-OPERATION = "chat"
-"""``gen_ai.operation.name``: the plugin traces ``/v1/chat/completions`` (and the same on the root span)."""
+from .semconv import OPERATION, PROVIDER
 
 TTFT, DURATION, TPOT = (
     "gen_ai.server.time_to_first_token",

@@ -28,8 +28,8 @@ from .. import telemetry
 from ..config import Config
 from ..join.record import EmitContext
 from ..stages import ROOT, STAGES
+from .semconv import ATTR_PREFIX, server_span_attributes, server_span_name
 
-ATTR_PREFIX = "sglang_mmtrace."
 MAX_QUEUE = 8192
 BATCH = 512
 EXPORT_INTERVAL_S = 0.2
@@ -280,60 +280,43 @@ class OtlpSink:
     def emit(self, rec: dict[str, Any], ctx: EmitContext) -> None:
         """Build the request's spans. ``rec["trace_id"]`` becomes the trace's id when the sampler kept
         it, and None when it did not: a record or exemplar never points at a trace that was not
-        exported."""
+        exported.
+
+        The root is the GenAI operation (``server_span_name``), from arrival to the response's last
+        byte: SERVER for a request over HTTP, INTERNAL for an offline Engine call (the conventions'
+        kind for a model in the caller's process). Under it the ``request`` stage, arrival to the first
+        chunk (TTFT), holds the stage tree as the catalogue parents it; a request that never had a
+        first chunk (an error) has no ``request`` span and its stages hang from the root."""
         from opentelemetry import trace
-        from opentelemetry.trace import Status, StatusCode
+        from opentelemetry.trace import SpanKind, Status, StatusCode
 
         base_ns = int(rec["arrival_unix_s"] * 1e9)
         self.pids = ctx.pids
         parent_ctx = self._propagator.extract(ctx.carrier) if ctx.carrier else None
         stages = rec["stages"]
-        root_stage = next((s for s in stages if s["name"] == ROOT), None)
-        end_s = (
-            root_stage["dur_s"]
-            if root_stage
-            else (rec.get("e2e_s") or max((s["start_s"] + s["dur_s"] for s in stages), default=0.0))
-        )
+        ttft_stage = next((s for s in stages if s["name"] == ROOT), None)
+        end_s = rec.get("e2e_s") or max((s["start_s"] + s["dur_s"] for s in stages), default=0.0)
         root = self._tracer("api").start_span(
-            ROOT,
+            server_span_name(rec),
             context=parent_ctx,
+            kind=SpanKind.INTERNAL if ctx.http is None else SpanKind.SERVER,
             start_time=base_ns,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": rec.get("model") or "",
-                "gen_ai.usage.input_tokens": rec.get("prompt_tokens", 0),
-                "gen_ai.usage.output_tokens": rec.get("output_tokens", 0),
-                "sglang.rid": rec["rid"],
-                ATTR_PREFIX + "status": rec["status"],
-                ATTR_PREFIX + "cached_tokens": rec.get("cached_tokens", 0),
-                ATTR_PREFIX + "coverage": rec.get("coverage", 0.0),
-                ATTR_PREFIX + "ttft_s": rec.get("ttft_s") or 0.0,
-            },
+            attributes=server_span_attributes(rec, ctx),
         )
         span_context = root.get_span_context()
         if not (span_context.is_valid and span_context.trace_flags.sampled):
             rec["trace_id"] = None  # the sampler dropped the trace (or the SDK is disabled)
             return
         rec["trace_id"] = format(span_context.trace_id, "032x")
-        if rec.get("warmup"):
-            root.set_attribute(ATTR_PREFIX + "warmup", True)  # kept in traces, marked for filtering
-        content = rec.get("content")
-        if content:  # only with SGLANG_MMTRACE_CAPTURE_CONTENT=1
-            if content.get("prompt") is not None:
-                root.set_attribute(ATTR_PREFIX + "content.prompt", content["prompt"])
-            if content.get("image_urls"):
-                root.set_attribute(ATTR_PREFIX + "content.image_urls", list(content["image_urls"]))
         if rec["status"] != "ok":
             root.set_status(Status(StatusCode.ERROR, rec.get("error") or rec["status"]))
-        spans: dict[str, Any] = {ROOT: root}
-        for s in sorted(
-            (s for s in stages if s["name"] != ROOT),
-            key=lambda s: STAGES[s["name"]].depth if s["name"] in STAGES else 9,
-        ):
+        spans: dict[str, Any] = {}
+        for s in sorted(stages, key=lambda s: STAGES[s["name"]].depth if s["name"] in STAGES else 9):
             parent = _nearest_parent(s["name"], spans) or root
             attrs = {ATTR_PREFIX + k: v for k, v in s["attrs"].items() if isinstance(v, (str, bool, int, float))}
             attrs[ATTR_PREFIX + "clock"] = s["clock"]
-            attrs["sglang.rid"] = rec["rid"]
+            if s is ttft_stage:
+                attrs[ATTR_PREFIX + "coverage"] = rec.get("coverage", 0.0)
             span = self._tracer(s["process"]).start_span(
                 s["name"],
                 context=trace.set_span_in_context(parent),
@@ -342,13 +325,15 @@ class OtlpSink:
             )
             span.end(end_time=base_ns + int((s["start_s"] + s["dur_s"]) * 1e9))
             spans.setdefault(s["name"], span)
-        root.end(end_time=base_ns + int(end_s * 1e9))
+        root.end(end_time=base_ns + int(max(end_s, ttft_stage["dur_s"] if ttft_stage else 0.0) * 1e9))
 
     def close(self) -> None:
         self.processor.shutdown()
 
 
 def _nearest_parent(name: str, spans: dict[str, Any]) -> Any:
+    """The span of the stage's nearest catalogue ancestor built so far; None for the ``request`` stage
+    and for a stage none of whose ancestors the request had (both hang from the root)."""
     stage = STAGES.get(name)
     parent = stage.parent if stage else ROOT
     while parent is not None:

@@ -37,6 +37,7 @@ class Span:
     scope: str
     transport: str
     status_code: int = 0
+    kind: int = 0  # opentelemetry.proto Span.SpanKind: 1 internal, 2 server, 3 client
 
     @property
     def duration_s(self) -> float:
@@ -113,6 +114,7 @@ class OtlpReceiver:
                             scope=ss.scope.name,
                             transport=transport,
                             status_code=sp.status.code,
+                            kind=sp.kind,
                         )
                     )
         with self._lock:

@@ -53,7 +53,7 @@ class MmtraceMiddleware:
         async def timed_send(message: dict) -> None:
             t = now()  # handed on: the server stack writes it to the transport without waiting
             await send(message)
-            guarded(COMPONENT, _on_last_send, ctx, message, t)
+            guarded(COMPONENT, _on_last_send, ctx, message, t, scope)
 
         def traced_send(message: dict) -> Any:
             # Every message but the last body one goes to the server's own ``send`` with no coroutine
@@ -85,6 +85,7 @@ class MmtraceMiddleware:
         finally:
             current_http.reset(token)
             if ctx.traces and runtime.collector is not None:
+                ctx.route = _route(scope)
                 guarded(COMPONENT, runtime.collector.finish_http, ctx)
 
 
@@ -99,6 +100,8 @@ def _trace_fields() -> frozenset[bytes]:
 
 def _open(scope: dict, trace_fields: frozenset[bytes]) -> HttpCtx:
     ctx = HttpCtx(now(), scope.get("path", ""))
+    ctx.method = scope.get("method", "")
+    ctx.scheme = scope.get("scheme", "http")
     scope.setdefault("state", {})["mmtrace"] = ctx
     for key, value in scope.get("headers") or ():
         if key in trace_fields:
@@ -110,7 +113,13 @@ def _open(scope: dict, trace_fields: frozenset[bytes]) -> HttpCtx:
     return ctx
 
 
-def _on_last_send(ctx: HttpCtx, message: dict, t: float) -> None:
+def _route(scope: dict) -> str | None:
+    """The matched route's template (``http.route``): FastAPI puts the matched route in the scope it
+    routes, the middleware's own scope; None where nothing matched or another router served it."""
+    return getattr(scope.get("route"), "path", None)
+
+
+def _on_last_send(ctx: HttpCtx, message: dict, t: float, scope: dict) -> None:
     """Called once ``send`` of the last body message (or another message ``traced_send`` does not
     handle) returned, with the time the message was handed to it: uvicorn writes it to the transport
     before its first await, so that is when the bytes left. The time ``send`` returned would also count
@@ -127,6 +136,7 @@ def _on_last_send(ctx: HttpCtx, message: dict, t: float) -> None:
     ctx.t_last_body = t
     ctx.gen_end = switch.generation
     if ctx.traces and runtime.collector is not None:
+        ctx.route = _route(scope)
         # Hand the exchange over now: SGLang's streaming app returns seconds after its last byte,
         # and the record should not wait for that (the ``finally`` below ships only the rest).
         runtime.collector.finish_http(ctx)
