@@ -1,4 +1,5 @@
-"""The README's generated tables are up to date with the catalogue and the env-var list."""
+"""The README's generated tables are up to date with the catalogue and the env-var list; the README stays the
+user's document and the committed results stay curated (issue 41's limits)."""
 
 import argparse
 import re
@@ -11,7 +12,9 @@ from sglang_mmtrace.cli import main as cli
 from sglang_mmtrace.join.collector import JOINED_STAGES
 from sglang_mmtrace.stages import STAGES
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def test_readme_tables_are_generated_from_the_code():
@@ -52,3 +55,21 @@ def test_every_option_has_help_and_names_its_default():
     assert seen > 40  # every subcommand's options were read
     demo_help = sub.choices["demo"].format_help()
     assert "(default 5)" in demo_help and "(default 0: a free port)" in demo_help
+
+
+def test_readme_is_the_users_document():
+    """Method, history and every run's figures live in docs/; the README links to them."""
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move detail to docs/"
+    assert "docs/performance.md" in README.read_text()
+
+
+def test_committed_results_are_curated_and_hold_no_code():
+    """benchmarks/results keeps the runs docs/ cite (its README is the index), and no code: analysis
+    worth keeping is a tool in benchmarks/ that takes result folders as arguments."""
+    entries = sorted(p.name for p in RESULTS.iterdir())
+    assert len(entries) <= 15, entries
+    code = [p for p in RESULTS.rglob("*") if p.suffix in {".py", ".sh", ".diff", ".patch"}]
+    assert not code, code
+    index = (RESULTS / "README.md").read_text()
+    assert all(name in index for name in entries if name != "README.md"), "an entry missing from the index"
