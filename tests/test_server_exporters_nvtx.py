@@ -13,9 +13,13 @@ the range for a batch stage.
 
 from __future__ import annotations
 
+import gzip
+import json
 import threading
+import time
+import urllib.request
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -26,7 +30,7 @@ from peers import nvtx as cap
 
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
 from sglang_mmtrace.sinks.nvtx import DOMAIN, GROUP_COLORS, request_key
-from sglang_mmtrace.stages import STAGES
+from sglang_mmtrace.stages import MODEL_FORWARD, MODEL_PREFILL, MODEL_VISION_ENCODER, STAGES
 
 pytestmark = pytest.mark.server
 
@@ -281,3 +285,51 @@ def test_one_colour_and_one_category_per_stage_group(nvtx_capture):
     assert len(groups) == 4, f"ranges seen only for the groups {sorted(colours)}"
     picked = [next(iter(colours[g])) for g in groups]
     assert len(set(picked)) == len(picked), dict(zip(groups, picked, strict=True))
+
+
+def _post(url: str, body: dict[str, Any] | None = None) -> None:
+    data = json.dumps(body).encode() if body is not None else b""
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=RECORD_TIMEOUT_S) as response:
+        assert response.status == 200, response.read()
+
+
+def test_scheduler_stages_are_torch_profiler_ranges_while_sglang_profiles(nvtx_capture, tmp_path):
+    """SGLang's ``/start_profile`` (torch profiler, CPU activity): the stages pushed on the scheduler
+    thread are ``record_function`` ranges of the trace ``/stop_profile`` writes, and still NVTX ranges
+    meanwhile; after the stop, the NVTX domain has them again and the trace nothing more."""
+    srv = nvtx_capture.server
+    offsets = cap.file_offsets(nvtx_capture.folder)
+    body = {"output_dir": str(tmp_path), "activities": ["CPU"], "with_stack": False, "record_shapes": False}
+    _post(f"{srv.base_url}/start_profile", body)
+    image = data_url(make_image(384, 256, seed=9106))
+    profiled = stream_chat(srv.base_url, [image_message(QUESTION, [image])], max_tokens=4)[0][0]["id"]
+    _post(f"{srv.base_url}/stop_profile")
+    deadline = time.monotonic() + RECORD_TIMEOUT_S
+    while not (traces := sorted(tmp_path.glob("*.trace.json.gz"))) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the scheduler writes the trace before it answers; this only bounds a slow disk
+    assert len(traces) == 1, f"trace files in {tmp_path}: {traces}" + server_context(srv)
+    other = data_url(make_image(384, 256, seed=9107))  # a new image: the encoder runs again
+    after = stream_chat(srv.base_url, [image_message(QUESTION, [other])], max_tokens=4)[0][0]["id"]
+    records(srv, [profiled, after], timeout=RECORD_TIMEOUT_S)
+
+    with gzip.open(traces[0], "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    traced = Counter(e["name"] for e in events if e.get("cat") == "user_annotation" and e["name"] in STAGES)
+    capture = replace(
+        nvtx_capture, events=[e for e in cap.read_events(nvtx_capture.folder, offsets) if e.domain == DOMAIN]
+    )
+    scheduler_pids = capture.pids["scheduler"]
+    pushed: dict[str, set[str]] = defaultdict(set)  # rid -> the stages pushed for it in the scheduler
+    for e in capture.events:
+        if e.kind == "P" and e.pid in scheduler_pids:
+            for rid in (profiled, after):
+                if request_key(rid) in capture.keys_of(e):
+                    pushed[rid].add(e.message)
+    assert {MODEL_FORWARD, MODEL_PREFILL, MODEL_VISION_ENCODER} <= pushed[profiled], dict(pushed)
+    assert set(traced) == pushed[profiled], (
+        f"torch trace {dict(traced)}, NVTX ranges of the profiled request {sorted(pushed[profiled])}"
+        + capture.describe()
+    )
+    # the NVTX domain is the sink's again after the stop (the torch adapter passed every range on)
+    assert pushed[after] == pushed[profiled], dict(pushed)

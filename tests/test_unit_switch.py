@@ -42,6 +42,8 @@ def test_every_measuring_hook_has_a_part_and_set_up_hooks_have_none():
         "embedding_cache.init",  # counts evictions for the occupancy metrics, on or off
         "cuda_ipc_pool.fallback",
         "model_runner.load_model",  # hooks the loaded model's encoders (applies_to = "model")
+        "profiler_manager.start",  # the NVTX sink follows SGLang's torch profiler, on or off
+        "profiler_manager.stop",
     }
     assert {p for p in PART_OF.values() if p is not None} <= set(switch.PARTS)
 

@@ -21,6 +21,7 @@ from .scheduler import (
     mm_embedding,
     mm_embedding_legacy,
     model_runner,
+    profiler_manager,
     schedule_batch,
     scheduler,
 )
@@ -53,6 +54,7 @@ for _module in (
     mm_embedding,
     batch_result,
     embedding_cache,
+    profiler_manager,
     detokenizer,
     # SGLang 0.5.17-0.5.21 (embed_mm_inputs split, detokenizer bootstrap)
     mm_embedding_legacy,

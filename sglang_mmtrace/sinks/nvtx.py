@@ -10,11 +10,16 @@ category, named once when the domain is opened.
 
 When no profiler or NVTX tool is attached, ``nvtx.get_domain`` returns a dummy and the plugin
 pushes nothing at all: the hooks then pay one global lookup.
+
+While SGLang's scheduler runs its torch profiler (``/start_profile``), ``domain`` is a
+``TorchRanges`` (``follow_profiler``): the ranges pushed on the thread that started the profiler are
+also ``record_function`` ranges of its trace, and still reach the NVTX domain when a tool is attached.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from typing import Any
 
 from .. import config, switch
@@ -43,6 +48,8 @@ Requests = str | tuple[str, ...]
 domain: Any = None
 """The attached domain while the switch's ``nvtx`` part is on, else None (hooks test this)."""
 _attached: Any = None
+_profiled: Any = None
+"""The ``TorchRanges`` standing in for ``_attached`` while a torch profiler records, else None."""
 _styles: dict[str, tuple[int, int]] = {}
 """Stage -> (colour, category id) in the attached domain."""
 
@@ -69,8 +76,8 @@ def setup() -> bool:
 
 def teardown() -> None:
     """Undo ``setup`` (plugin uninstall): no domain, no switch listener."""
-    global domain, _attached
-    domain = _attached = None
+    global domain, _attached, _profiled
+    domain = _attached = _profiled = None
     _styles.clear()
     if _follow_switch in switch.LISTENERS:
         switch.LISTENERS.remove(_follow_switch)
@@ -79,7 +86,73 @@ def teardown() -> None:
 def _follow_switch() -> None:
     """No new ranges while ``nvtx`` is off; ranges already open are still closed (pop/end use the domain they were opened on)."""
     global domain
-    domain = _attached if switch.on("nvtx") else None
+    domain = (_profiled or _attached) if switch.on("nvtx") else None
+
+
+def follow_profiler() -> None:
+    """After SGLang's scheduler started or stopped its profiler, on the thread that did: ``domain`` is a
+    ``TorchRanges`` while a torch profiler records on this thread, and the attached domain (or None)
+    again once none does. Reads torch's own state, so a start that failed, or one with no torch
+    activity (``CUDA_PROFILER``, ``MEM``), changes nothing."""
+    global _profiled
+    if not config.get().nvtx:
+        return
+    import torch  # loaded: the scheduler runs on it
+
+    if not torch._C._autograd._profiler_enabled():
+        _profiled = None
+    elif _profiled is None:
+        _profiled = TorchRanges(_attached)
+    if _follow_switch not in switch.LISTENERS:
+        switch.LISTENERS.append(_follow_switch)
+    _follow_switch()
+
+
+class TorchRanges:
+    """The domain's push/pop, start/end and mark, also as torch profiler ranges of one thread.
+
+    A range pushed on the thread that started the profiler (the only thread whose calls it records)
+    is a ``record_function`` range named by its stage, in the trace's ``user_annotation`` category;
+    the request key has no place there. Start/end ranges (coroutines, which interleave on an event
+    loop where ``record_function`` ranges must nest) and marks go to the NVTX domain only. Every call
+    reaches the NVTX domain ``inner`` when a tool is attached.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        import torch
+
+        self._inner = inner
+        self._thread = threading.get_ident()
+        self._open: list[Any] = []
+        """The ``record_function`` handles of the ranges open on the profiled thread, innermost last."""
+        self._enter = torch.ops.profiler._record_function_enter_new
+        self._exit = torch.ops.profiler._record_function_exit
+
+    def push_range(self, message: str, color: int, category: int, payload: int | None = None) -> None:
+        if self._inner is not None:
+            self._inner.push_range(message=message, color=color, category=category, payload=payload)
+        if threading.get_ident() == self._thread:
+            self._open.append(self._enter(message, None))
+
+    def pop_range(self) -> None:
+        # A range pushed before the profiler started has no handle here: its pop only reaches the domain.
+        if self._open and threading.get_ident() == self._thread:
+            self._exit(self._open.pop())
+        if self._inner is not None:
+            self._inner.pop_range()
+
+    def start_range(self, message: str, color: int, category: int, payload: int | None = None) -> Any:
+        if self._inner is None:
+            return None
+        return self._inner.start_range(message=message, color=color, category=category, payload=payload)
+
+    def end_range(self, range_id: Any) -> None:
+        if self._inner is not None:
+            self._inner.end_range(range_id)
+
+    def mark(self, message: str, color: int, category: int, payload: int | None = None) -> None:
+        if self._inner is not None:
+            self._inner.mark(message=message, color=color, category=category, payload=payload)
 
 
 def color(stage: str) -> int:
@@ -116,12 +189,15 @@ def push(stage: str, requests: Requests) -> None:
 
 
 def _opened_on() -> Any:
-    """The domain open ranges were pushed on (still there after the switch hid ``domain``)."""
-    return domain if domain is not None else _attached
+    """The domain open ranges were pushed on (still there after the switch hid ``domain``); None when a
+    range outlived the torch profiler it was pushed under and no tool is attached."""
+    return domain if domain is not None else _profiled or _attached
 
 
 def pop() -> None:
-    _opened_on().pop_range()
+    d = _opened_on()
+    if d is not None:
+        d.pop_range()
 
 
 def start(stage: str, requests: Requests) -> Any:
@@ -130,4 +206,6 @@ def start(stage: str, requests: Requests) -> Any:
 
 
 def end(range_id: Any) -> None:
-    _opened_on().end_range(range_id)
+    d = _opened_on()
+    if d is not None:
+        d.end_range(range_id)
