@@ -43,7 +43,7 @@ DEFAULT_N = {"ablation": 60, "overhead-crossover": 50, "resolution": 10}
 # overhead: rounds per kind when --n is not given. On a GPU: the run length its targets are judged at
 # (``overhead.TARGET_ROUNDS``). The CPU server's TTFT moves by far more than those targets from one
 # request to the next, so no affordable run resolves them there: its run checks the method and the
-# A/A, and fewer rounds keep its much slower requests to minutes.
+# A/A, and fewer rounds keep its much slower run short.
 OVERHEAD_ROUNDS_GPU = 400
 OVERHEAD_ROUNDS_CPU = 100
 # resolution: the images' long edges (px) and aspect ratios (width:height) when not given.
