@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from sglang_mmtrace.bench.experiments import Options
-from sglang_mmtrace.bench.overhead import KINDS, MAX_TOKENS, Workload, paired_plan, run_launch, summary
+from sglang_mmtrace.bench.overhead import (
+    KINDS,
+    MAX_TOKENS,
+    Workload,
+    paired_plan,
+    plugin_vs_client,
+    ratio_summary,
+    record_check,
+    run_launch,
+)
 from sglang_mmtrace.harness import CpuServer
 
 from ._common import machine
@@ -178,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             "on_server_extra_env": on_env,
             "run_wall_s": round(time.monotonic() - t_start, 1),
         },
-        **summary(launch.lines),
+        "kinds": {kind: ratio_summary(launch.lines, kind) for kind in KINDS},
+        "records": record_check(launch.lines),
+        "plugin_vs_client": plugin_vs_client(launch.lines),
         "server_health_per_round": launch.health,
         "failed_requests": [{k: b.get(k) for k in ("round", "kind", "arm", "error")} for b in failed],
         "samples": [

@@ -16,6 +16,7 @@ from conftest import read_records, records, state
 from peers.chromium import dump_dom, ink, parse_dom
 
 from sglang_mmtrace import switch
+from sglang_mmtrace.bench import overhead
 from sglang_mmtrace.bench.records import rid_keys
 from sglang_mmtrace.bench.summary import encoder_ran, summaries
 from sglang_mmtrace.cli.main import main
@@ -318,18 +319,24 @@ def test_overhead_and_ablation_on_one_instance(server, tmp_path: Path, capsys: p
 
     before = state_switch(server)
     ov_lines, res = run("--experiment", "overhead", "--n", "4", "--warmup", "1")
-    ov = res["overhead"]
-    assert {k: v["n_pairs"] for k, v in ov["kinds"].items()} == {"new_image": 4, "same_image": 4, "text": 4}
-    assert len(ov_lines) == 24 and all(ln["bench"]["ok"] for ln in ov_lines)
+    ov = res["overhead"]  # with the A/A arm (off again) by default
+    assert ov["aa"] is True and {k: v["n_rounds"] for k, v in ov["kinds"].items()} == {k: 4 for k in overhead.KINDS}
+    for s in ov["kinds"].values():  # µs, each interval around its point, the A/A's verdict on 0 given
+        assert s["delta_ci_us"][0] <= s["delta_us"] <= s["delta_ci_us"][1]
+        assert s["aa_ci_us"][0] <= s["aa_us"] <= s["aa_ci_us"][1]
+        assert s["aa_ci_contains_zero"] == (s["aa_ci_us"][0] <= 0 <= s["aa_ci_us"][1])
+        assert s["target"]["met"] is None and s["target"]["not_judged"]  # 4 rounds judge nothing
+        assert 1000 < s["off_median_us"] < 60e6
+    assert len(ov_lines) == 36 and all(ln["bench"]["ok"] for ln in ov_lines)
     assert {(ln["bench"]["kind"], ln["bench"]["arm"]) for ln in ov_lines} == {
-        (k, a) for k in ("new_image", "same_image", "text") for a in ("on", "off")
+        (k, a) for k in overhead.KINDS for a in ("on", "off", "ctl")
     }
-    for r in range(4):  # the leading arm alternates strictly by round
+    for r in range(4):  # the three arms' order rotates by round
         lead = {ln["bench"]["arm"] for ln in ov_lines if ln["bench"]["round"] == r and ln["bench"]["order"] == 0}
-        assert lead == {"on" if r % 2 == 0 else "off"}
-    assert len({ln["bench"]["generation"] for ln in ov_lines}) == 24  # a flip before every request
+        assert lead == {overhead.arm_order(r, control=True)[0]}
+    assert len({ln["bench"]["generation"] for ln in ov_lines}) == 36  # a flip before every request
     check_records_only_when_on(server, ov_lines)
-    assert ov["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 12, "off_with_record": 0}
+    assert ov["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 24, "off_with_record": 0}
     assert state_switch(server) == {**before, "generation": state_switch(server)["generation"]}
 
     ab_lines, res = run("--experiment", "ablation", "--n", "2", "--warmup", "0")

@@ -34,7 +34,7 @@ from sglang_mmtrace.bench.stats import (
     ratio_of_means_ci,
 )
 from sglang_mmtrace.bench.switchctl import PARTS, body_for, echoes, levels
-from sglang_mmtrace.bench.targets import parse_launch
+from sglang_mmtrace.bench.targets import parse_launch, server_on_gpu
 from sglang_mmtrace.cli import bench as bench_cli
 from sglang_mmtrace.cli.bench import parse_size
 from sglang_mmtrace.harness import chat_request
@@ -145,7 +145,9 @@ def test_a_grouped_level_out_of_stack_order_is_echoed() -> None:
 
 def test_options_defaults_per_experiment() -> None:
     o = Options()
-    assert (o.n_for("overhead"), o.n_for("ablation"), o.n_for("new-vs-repeat")) == (200, 60, 20)
+    assert (o.n_for("overhead"), o.n_for("ablation"), o.n_for("new-vs-repeat")) == (400, 60, 20)
+    assert o.n_for("overhead", gpu=False) == 100 and o.n_for("ablation", gpu=False) == 60
+    assert o.control is True  # the overhead experiment's A/A runs unless asked not to
     assert o.size_for("overhead") == (640, 480) and o.size_for("order") == (512, 512)
     assert o.max_tokens_for("throughput") == 256 and o.max_tokens_for("overhead") == 8
     assert o.throughput_clients() == 64
@@ -198,27 +200,106 @@ def test_control_arm_rotates_so_each_pair_leads_equally_often() -> None:
     assert len(set(texts)) == len(texts)  # the control's prompts are new to the server too
 
 
-def test_summary_reports_the_control_as_a_second_pair() -> None:
+def _same_instance_lines(rounds: int, cost_us: dict[str, float], arms: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Synthetic same-instance rounds: per round one base TTFT (drift shared by the round's arms,
+    which pairing cancels), 'on' that plus the kind's cost, 'ctl' the base again (a true A/A of 0);
+    every arm adds the same small independent noise."""
     rng = np.random.default_rng(1)
     lines = []
-    for r in range(150):
-        base = 0.02 * rng.lognormal(0, 0.1)
-        for arm, factor in (("off", 1.0), ("on", 1.01), ("ctl", 1.0)):
-            ln = _line("text", arm, r, base * factor * rng.lognormal(0, 0.001))
-            ln["bench"]["order"] = overhead.arm_order(r, control=True).index(arm)
-            lines.append(ln)
+    for r in range(rounds):
+        for kind in overhead.KINDS:
+            base = {"new_image": 0.030, "same_image": 0.025, "text": 0.015}[kind] * rng.lognormal(0, 0.1)
+            for arm in arms:
+                t = base + (cost_us[kind] * 1e-6 if arm == "on" else 0.0) + rng.normal(0, 5e-6)
+                ln = _line(kind, arm, r, t)
+                ln["bench"]["order"] = overhead.arm_order(r, control=True).index(arm)
+                lines.append(ln)
+    return lines
+
+
+def test_summary_gives_the_delta_and_the_aa_of_the_same_rounds_in_us() -> None:
+    cost = {"new_image": 250.0, "same_image": 100.0, "text": 60.0}  # new_image over its 200 us target
+    lines = _same_instance_lines(400, cost, ("off", "on", "ctl"))
     res = overhead.summary(lines)
-    on, ctl = res["kinds"]["text"], res["control"]["text"]
-    assert on["n_pairs"] == ctl["n_pairs"] == 150
-    assert abs(on["ttft_ratio_on_off"] - 1.01) < 2e-3 and abs(ctl["ttft_ratio_on_off"] - 1.0) < 2e-3
-    assert ctl["ttft_ratio_ci95"][0] <= 1.0 <= ctl["ttft_ratio_ci95"][1]
-    assert ctl["ttft_paired_delta_rel_ci95"][0] <= 0 <= ctl["ttft_paired_delta_rel_ci95"][1]
-    assert abs(on["ttft_paired_delta_rel"] - 0.01) < 2e-3
-    assert set(on["ttft_median_ms_by_position_in_pair"]) == {"first", "second"}
-    assert res["records"] == {"on_ok": 150, "on_with_record": 150, "off_ok": 300, "off_with_record": 0}
-    text = "\n".join(overhead.notes(res, "t"))
-    assert "A/A control" in text and text.count("text ") == 2
-    assert "control" not in overhead.summary([ln for ln in lines if ln["bench"]["arm"] != "ctl"])
+    assert res["aa"] is True
+    assert res["records"] == {"on_ok": 1200, "on_with_record": 1200, "off_ok": 2400, "off_with_record": 0}
+    for kind, want in cost.items():
+        s = res["kinds"][kind]
+        assert s["n_rounds"] == 400
+        assert abs(s["delta_us"] - want) < 1.5 and s["delta_ci_us"][0] <= want <= s["delta_ci_us"][1]
+        assert s["delta_ci_us"][1] - s["delta_ci_us"][0] < 5  # pairing took the 10% drift out
+        assert abs(s["aa_us"]) < 1.5 and s["aa_ci_us"][0] <= 0 <= s["aa_ci_us"][1] and s["aa_ci_contains_zero"]
+        off = s["off_median_us"]
+        assert abs(s["on_median_us"] - off - want) < 0.1 * off  # the unpaired medians: drift and all
+        assert abs(s["delta_share_of_off"] - s["delta_us"] / off) < 1e-5
+        assert abs(s["aa_share_of_off"] - s["aa_us"] / off) < 1e-5
+        assert s["delta_share_ci"][0] <= s["delta_share_of_off"] <= s["delta_share_ci"][1]
+        assert s["target"]["delta_max_us"] == overhead.TARGET_DELTA_US[kind] and s["target"]["min_rounds"] == 400
+    verdicts = {k: (v["target"]["met"], v["target"]["not_judged"]) for k, v in res["kinds"].items()}
+    assert verdicts == {"new_image": (False, None), "same_image": (True, None), "text": (True, None)}
+    # the JSON output carries the same numbers under these keys
+    assert set(json.loads(json.dumps(res))["kinds"]["text"]) == {
+        "n_rounds", "off_median_us", "on_median_us", "delta_us", "delta_ci_us", "delta_share_of_off",
+        "delta_share_ci", "aa_us", "aa_ci_us", "aa_share_of_off", "aa_share_ci", "aa_ci_contains_zero", "target",
+    }  # fmt: skip
+
+
+def test_summary_judges_the_target_only_with_a_zero_aa_and_enough_rounds() -> None:
+    cost = {"new_image": 50.0, "same_image": 50.0, "text": 50.0}
+    lines = _same_instance_lines(60, cost, ("off", "on", "ctl"))
+    off = {
+        (ln["bench"]["kind"], ln["bench"]["round"]): ln["bench"]["client_ttft_s"]
+        for ln in lines
+        if ln["bench"]["arm"] == "off"
+    }
+    for ln in lines:  # an A/A of exactly 0, so that only the run's length stands in the way
+        if ln["bench"]["arm"] == "ctl":
+            ln["bench"]["client_ttft_s"] = off[(ln["bench"]["kind"], ln["bench"]["round"])]
+    few = overhead.summary(lines)["kinds"]["text"]
+    assert few["aa_us"] == 0 and few["aa_ci_us"] == [0, 0] and few["aa_ci_contains_zero"]
+    assert few["target"] == {"delta_max_us": 80.0, "min_rounds": 400, "met": None, "not_judged": "60 rounds < 400"}
+    no_aa = overhead.summary(_same_instance_lines(60, cost, ("off", "on")))
+    assert no_aa["aa"] is False and "aa_us" not in no_aa["kinds"]["text"]
+    assert no_aa["kinds"]["text"]["target"]["not_judged"] == "no A/A"
+    shifted = _same_instance_lines(400, cost, ("off", "on", "ctl"))
+    for ln in shifted:  # an A/A arm that runs slower: the method is not under control
+        if ln["bench"]["arm"] == "ctl":
+            ln["bench"]["client_ttft_s"] += 30e-6
+    s = overhead.summary(shifted)["kinds"]["text"]
+    assert not s["aa_ci_contains_zero"] and s["target"]["met"] is None
+    assert s["target"]["not_judged"] == "the A/A's interval excludes 0"
+    # the delta and the A/A come from the same rounds: a round without its A/A arm drops out of both
+    lines = _same_instance_lines(10, cost, ("off", "on", "ctl"))
+    lines = [ln for ln in lines if not (ln["bench"]["arm"] == "ctl" and ln["bench"]["round"] == 3)]
+    assert overhead.summary(lines)["kinds"]["text"]["n_rounds"] == 9
+
+
+def test_overhead_notes_are_a_table_with_a_verdict_per_kind() -> None:
+    cost = {"new_image": 250.0, "same_image": 100.0, "text": 60.0}
+    res = overhead.summary(_same_instance_lines(400, cost, ("off", "on", "ctl")))
+    text = overhead.notes(res, "overhead on 't'")
+    assert text[0].startswith("== overhead on 't': TTFT paired delta, median over rounds in us")
+    assert "delta on - off" in text[1] and "A/A off again - off" in text[1]
+    rows = {ln.split()[0]: ln.split() for ln in text[2:5]}
+    assert set(rows) == set(overhead.KINDS)
+    for kind, want in cost.items():
+        s = res["kinds"][kind]
+        row = rows[kind]
+        assert row[1] == "400" and row[2] == f"{s['off_median_us'] / 1000:.2f}" and row[-1] == "yes"
+        assert row[4] == f"{s['delta_us']:+.0f}" and abs(int(row[4]) - want) <= 2
+    assert text[5] == (
+        "   target: delta <= 200/150/80 us (new_image/same_image/text), >= 400 rounds, the A/A's interval holding 0"
+    )
+    d = {k: f"{res['kinds'][k]['delta_us']:+.0f}" for k in overhead.KINDS}
+    assert text[6:9] == [
+        f"   verdict new_image   {d['new_image']} us > 200 us: not met",
+        f"   verdict same_image  {d['same_image']} us <= 150 us: met",
+        f"   verdict text        {d['text']} us <= 80 us: met",
+    ]
+    assert text[9] == "   records: 1200/1200 'on' requests, 0/2400 'off' requests"
+    no_aa = overhead.notes(overhead.summary(_same_instance_lines(20, cost, ("off", "on"))), "t")
+    assert "A/A" not in no_aa[1] and "no A/A in these rounds: the delta's own noise is unknown" in no_aa[5]
+    assert no_aa[7] == "   verdict new_image   not judged (no A/A)"
 
 
 def test_ablation_plan_covers_every_level_once_per_round_in_a_seeded_order() -> None:
@@ -252,27 +333,24 @@ def _line(kind: str, arm: str, rnd: int, ttft: float, **extra: Any) -> dict[str,
     }  # fmt: skip
 
 
-def test_paired_summary_ratio_delta_and_target() -> None:
+def test_ratio_summary_ratio_and_delta() -> None:
     rng = np.random.default_rng(0)
     lines = []
     for r in range(200):
         base = 0.04 * rng.lognormal(0, 0.1)  # shared drift per round: pairing cancels it
         lines += [_line("text", "off", r, base), _line("text", "on", r, base * 1.002)]
-    s = overhead.paired_summary(lines, "text")
+    s = overhead.ratio_summary(lines, "text")
     assert s["n_pairs"] == 200
     assert abs(s["ttft_ratio_on_off"] - 1.002) < 1e-3
     lo, hi = s["ttft_ratio_ci95"]
-    assert lo <= s["ttft_ratio_on_off"] <= hi and s["target"]["met"] is (hi <= 1.01)
+    assert lo <= s["ttft_ratio_on_off"] <= hi
     assert s["ttft_paired_delta_median_ms"] > 0
-    assert abs(s["ttft_paired_delta_rel"] - 0.002) < 5e-4  # the delta as a share of the off median
-    rlo, rhi = s["ttft_paired_delta_rel_ci95"]
-    assert rlo <= s["ttft_paired_delta_rel"] <= rhi
-    slow = [_line("text", "off", r, 0.04) for r in range(20)] + [_line("text", "on", r, 0.05) for r in range(20)]
-    assert overhead.paired_summary(slow, "text")["target"]["met"] is False
+    dlo, dhi = s["ttft_paired_delta_ci95_ms"]
+    assert dlo <= s["ttft_paired_delta_median_ms"] <= dhi
     # a round missing one arm is not a pair; a failed request is not a sample
     broken = [_line("text", "off", 0, 0.04), _line("text", "on", 1, 0.04)]
     broken[0]["bench"]["ok"] = False
-    assert overhead.paired_summary(broken, "text") == {"n_pairs": 0}
+    assert overhead.ratio_summary(broken, "text") == {"n_pairs": 0}
     assert overhead.record_check(lines) == {"on_ok": 200, "on_with_record": 200, "off_ok": 200, "off_with_record": 0}
 
 
@@ -423,6 +501,7 @@ class FakeSwitchServer:
         self.records = records
         self.switch: dict[str, Any] = {"on": True, "parts": list(PARTS), "generation": 0}
         self.posts: list[dict[str, Any]] = []
+        self.info: dict[str, dict[str, Any]] = {}  # GET path -> body, e.g. the server info's device
         self.n = 0
         self.written = 0
         self.lock = threading.Lock()
@@ -438,6 +517,9 @@ class FakeSwitchServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802
+                if self.path in fake.info:
+                    self._json(200, fake.info[self.path])
+                    return
                 self._json(200, {"api": {"switch": dict(fake.switch), "records": fake.written}, "peers": {}})
 
             def do_POST(self) -> None:  # noqa: N802
@@ -496,6 +578,20 @@ class FakeSwitchServer:
         self.httpd.server_close()
 
 
+def test_server_on_gpu_reads_the_device_of_the_server_info(tmp_path: Path) -> None:
+    """Decides the overhead experiment's default rounds for a --url server."""
+    fake = FakeSwitchServer(tmp_path / "records.jsonl")
+    try:
+        assert server_on_gpu(fake.url) is None  # no device anywhere: unknown
+        fake.info["/get_server_info"] = {"device": "cuda"}  # releases before /server_info
+        assert server_on_gpu(fake.url) is True
+        fake.info["/server_info"] = {"device": "cpu"}
+        assert server_on_gpu(fake.url) is False
+    finally:
+        fake.close()
+    assert server_on_gpu(_dead_url()) is None
+
+
 def test_switch_experiments_against_a_stand_in_server(tmp_path: Path) -> None:
     from sglang_mmtrace.bench import driver
     from sglang_mmtrace.bench.targets import Target
@@ -513,20 +609,24 @@ def test_switch_experiments_against_a_stand_in_server(tmp_path: Path) -> None:
         for name in ("overhead", "ablation", "throughput"):
             driver.run_switched(target, name, st, out)
             assert fake.switch["on"] is True and fake.switch["parts"] == ["http", "tokenizer"], name
-        opts.control, controlled = True, driver.Outcome()
-        driver.run_switched(target, "overhead", st, controlled)
+        opts.control, no_aa = False, driver.Outcome()
+        driver.run_switched(target, "overhead", st, no_aa)
     finally:
         fake.close()
-    ov = out.results["overhead"]
-    assert {k: v["n_pairs"] for k, v in ov["kinds"].items()} == {k: 3 for k in overhead.KINDS}
-    assert ov["records"] == {"on_ok": 9, "on_with_record": 9, "off_ok": 9, "off_with_record": 0}
+    ov = out.results["overhead"]  # the A/A arm by default
+    assert ov["aa"] is True and {k: v["n_rounds"] for k, v in ov["kinds"].items()} == {k: 3 for k in overhead.KINDS}
+    assert all("aa_us" in v for v in ov["kinds"].values())
+    assert ov["records"] == {"on_ok": 9, "on_with_record": 9, "off_ok": 18, "off_with_record": 0}
     lines = [ln for ln in out.lines if ln["bench"]["experiment"] == "overhead"]
-    assert len(lines) == 18 and all(ln["bench"]["record"] == (ln["bench"]["arm"] == "on") for ln in lines)
-    assert len({ln["bench"]["generation"] for ln in lines}) == 18  # one flip before every request
-    ctl = controlled.results["overhead"]
-    assert {k: v["n_pairs"] for k, v in ctl["control"].items()} == {k: 3 for k in overhead.KINDS}
-    assert ctl["records"] == {"on_ok": 9, "on_with_record": 9, "off_ok": 18, "off_with_record": 0}
-    assert ctl["requests_sent"] == 27 and ctl["switch"]
+    assert len(lines) == 27 and all(ln["bench"]["record"] == (ln["bench"]["arm"] == "on") for ln in lines)
+    assert len({ln["bench"]["generation"] for ln in lines}) == 27  # one flip before every request
+    assert ov["requests_sent"] == 27 and ov["switch"]
+    bare = no_aa.results["overhead"]
+    assert bare["aa"] is False and {k: v["n_rounds"] for k, v in bare["kinds"].items()} == {
+        k: 3 for k in overhead.KINDS
+    }
+    assert bare["records"] == {"on_ok": 9, "on_with_record": 9, "off_ok": 9, "off_with_record": 0}
+    assert bare["requests_sent"] == 18
     ab = out.results["ablation"]
     assert ab["rounds"] == 3 and ab["requests_sent"] == 3 * 3 * 13
     assert ab["records"]["expected"] == ab["records"]["expected_found"] == 3 * 3 * 4  # L9..L12 write records

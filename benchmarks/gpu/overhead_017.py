@@ -1,7 +1,7 @@
 """The plugin's overhead on the GPU (SGLang 0.5.17 on the H200), within one deadline.
 
     python3 benchmarks/gpu/overhead_017.py --out OUTDIR --deadline EPOCH_S [--model DIR]
-        [--server-flags "$SGLANG_GPU_FLAGS"] [--n 200] [--ablation-rounds 60] [--concurrency 64]
+        [--server-flags "$SGLANG_GPU_FLAGS"] [--n 400] [--ablation-rounds 60] [--concurrency 64]
         [--segment-s 15] [--segments 3] [--gap-ms 60] [--crossover-rounds 30] [--launches 2]
         [--crossover-runs ab,aa] [--throughput-parts PART,...[;PART,...]]
 
@@ -13,9 +13,10 @@ through the package's bench (``sglang_mmtrace.bench``: ``GpuServer`` via ``launc
 as soon as it ends, so a timeout loses only the running phase:
 
 1. ``overhead``: one server (plugin installed, ``--enable-metrics``, JSONL, OTLP to a receiver),
-   on/off by the runtime switch before each request, ``--n`` pairs per kind (default 200); every
-   'on' request gets its record (built under its generation's setting after the next flip).
-   ``--control`` adds the same-instance A/A control: a second 'off' request per round and kind.
+   on/off by the runtime switch before each request, ``--n`` rounds per kind (default: the bench's
+   GPU default); every 'on' request gets its record (built under its generation's setting after the
+   next flip). The same-instance A/A control (a second 'off' request per round and kind) runs
+   unless ``--no-control``.
 2. ``ablation`` on the same server: levels L0..L12, as many rounds as fit into the time left after
    reserving the throughput phase (at most ``--ablation-rounds``; printed), with ``keep_records``:
    after a request at a level with ``records`` on the bench waits until its record is built
@@ -138,10 +139,8 @@ def main() -> int:
     ap.add_argument("--model", default=os.environ.get("MODEL", "/tmp/tiny-qwen3vl"))
     ap.add_argument("--shape", default=os.environ.get("SHAPE", "tiny"), help="the model's shape, built when missing")
     ap.add_argument("--server-flags", default=os.environ.get("SGLANG_GPU_FLAGS", ""))
-    ap.add_argument("--n", type=int, default=200, help="overhead: pairs per kind")
-    ap.add_argument(
-        "--control", action="store_true", help="overhead: also the same-instance A/A control arm (plugin off twice)"
-    )
+    ap.add_argument("--n", type=int, default=None, help="overhead: rounds per kind (default: the bench's GPU default)")
+    ap.add_argument("--no-control", action="store_true", help="overhead: no same-instance A/A control arm")
     ap.add_argument("--ablation-rounds", type=int, default=60, help="at most this many (fewer if time is short)")
     ap.add_argument(
         "--ablation-no-records",
@@ -218,7 +217,7 @@ def main() -> int:
         n=args.n, warmup=2, seed=args.seed, concurrency=(args.concurrency,), segment_s=args.segment_s,
         segments=args.segments, launches=args.launches, ab="ab" in args.crossover_runs.split(","),
         aa="aa" in args.crossover_runs.split(","), timeout=120.0, deadline=deadline - 30, gap_s=args.gap_ms / 1000,
-        control=args.control,
+        control=not args.no_control,
     )  # fmt: skip
     if args.ablation_groups:
         opts.ablation_parts = tuple(args.ablation_groups.split(","))

@@ -29,7 +29,7 @@ from .procs import pid_listening_on
 from .records import RecordsTail
 from .runner import Sent, run_concurrent, run_sequential, to_lines, wait_idle
 from .switchctl import Flipper
-from .targets import LaunchConfig, Target, default_config, launched, make_server
+from .targets import LaunchConfig, Target, default_config, launched, make_server, server_on_gpu
 
 
 @dataclass
@@ -111,7 +111,11 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
     flipper = Flipper(target.base_url)
     tail = RecordsTail(target.records)
     workload = oh.workload_for(opts, name)
-    n = opts.n_for(name)
+    gpu = target.gpu
+    if name == "overhead" and opts.n is None and gpu is None:
+        gpu = server_on_gpu(target.base_url)
+        log(f"overhead: '{target.label}' reports {'no device' if gpu is None else 'a GPU' if gpu else 'the CPU'}")
+    n = opts.n_for(name, gpu=gpu is not False)  # unknown: the GPU's rounds, the ones that resolve a cost
     sent: list[Sent] = []
     result: dict[str, Any] = {}
     try:

@@ -38,8 +38,14 @@ LAUNCHED = ("caches", "transport", "overhead-crossover")
 ALL = (*PER_TARGET, *LAUNCHED)
 CONCURRENCY_DEFAULT = (1, 4, 16, 64)
 THROUGHPUT_CLIENTS = 64
-# Rounds (pairs per kind, rounds per level, rounds per launch) when --n is not given.
-DEFAULT_N = {"overhead": 200, "ablation": 60, "overhead-crossover": 50, "resolution": 10}
+# Rounds (rounds per level, rounds per launch, ...) when --n is not given.
+DEFAULT_N = {"ablation": 60, "overhead-crossover": 50, "resolution": 10}
+# overhead: rounds per kind when --n is not given. On a GPU: the run length its targets are judged at
+# (``overhead.TARGET_ROUNDS``). The CPU server's TTFT moves by far more than those targets from one
+# request to the next, so no affordable run resolves them there: its run checks the method and the
+# A/A, and fewer rounds keep its much slower run short.
+OVERHEAD_ROUNDS_GPU = 400
+OVERHEAD_ROUNDS_CPU = 100
 # resolution: the images' long edges (px) and aspect ratios (width:height) when not given.
 RESOLUTION_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
 RESOLUTION_ASPECTS = ("1:1", "16:9", "9:16")
@@ -69,7 +75,7 @@ class Options:
     on_parts: tuple[str, ...] = PARTS  # throughput: the parts its 'on' segments enable (bisecting its cost)
     gap_s: float = 0.1  # overhead / ablation: idle gap between a response's end and the next request
     keep_records: bool = False  # overhead / ablation: after a request with records on, wait until its record is built
-    control: bool = False  # overhead: also a same-instance A/A control arm (a second 'off' request per round and kind)
+    control: bool = True  # overhead: also the same-instance A/A control arm (a second 'off' request per round and kind)
     ablation_parts: tuple[str, ...] = PARTS  # ablation levels in order; "a+b" adds a group of parts at one level
     launches: int = 2  # overhead-crossover: launches per orientation (A/B unless ab is False, A/A unless aa is)
     ab: bool = True  # overhead-crossover: the A/B launches (one server SGLANG_MMTRACE=1, one =0)
@@ -80,8 +86,13 @@ class Options:
     def nonce(self) -> str:
         return f"{self.seed & 0xFFFFFFFF:08x}"
 
-    def n_for(self, experiment: str) -> int:
-        return self.n if self.n is not None else DEFAULT_N.get(experiment, 20)
+    def n_for(self, experiment: str, gpu: bool = True) -> int:
+        """``n`` if given, else the experiment's default (``overhead``: by whether the server is on a ``gpu``)."""
+        if self.n is not None:
+            return self.n
+        if experiment == "overhead":
+            return OVERHEAD_ROUNDS_GPU if gpu else OVERHEAD_ROUNDS_CPU
+        return DEFAULT_N.get(experiment, 20)
 
     def size_for(self, experiment: str) -> tuple[int, int]:
         if self.size is not None:

@@ -13,6 +13,7 @@ sized by that variable in SGLang 0.5.23, not by a flag).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import re
 import shlex
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..harness.server import CpuServer, free_port
+from .switchctl import http_json
 
 _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -53,12 +55,28 @@ def parse_launch(text: str, label: str | None = None) -> LaunchConfig:
 class Target:
     """A server the bench talks to; ``records`` is its SGLANG_MMTRACE_JSONL (None: unknown);
     ``pid`` its API process (the launched one), for the throughput experiment's CPU accounting
-    (None: found by the listening port)."""
+    (None: found by the listening port); ``gpu`` whether it computes on an accelerator (None:
+    unknown, ask it with ``server_on_gpu``)."""
 
     label: str
     base_url: str
     records: Path | None
     pid: int | None = None
+    gpu: bool | None = None
+
+
+def server_on_gpu(base_url: str, timeout: float = 15.0) -> bool | None:
+    """Whether a running SGLang server computes on an accelerator: its server info's ``device``
+    (``GET /server_info``, ``/get_server_info`` on releases without it) is not ``cpu``. None when
+    neither answers with one."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            status, body = http_json(base_url, "GET", path, timeout=timeout)
+        except (OSError, http.client.HTTPException):
+            return None
+        if status == 200 and isinstance(body, dict) and body.get("device"):
+            return str(body["device"]) != "cpu"
+    return None
 
 
 def gpu_available() -> bool:
@@ -138,6 +156,7 @@ def launched(config: LaunchConfig, folder: Path, gpu: bool, health_timeout: floa
             base_url=srv.base_url,
             records=srv.jsonl_path,
             pid=srv.process.pid if srv.process else None,
+            gpu=gpu,
         )
     finally:
         srv.stop()

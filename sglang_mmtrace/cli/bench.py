@@ -29,6 +29,8 @@ from ..bench import ALL
 from ..bench.client import host_port
 from ..bench.experiments import (
     CONCURRENCY_DEFAULT,
+    OVERHEAD_ROUNDS_CPU,
+    OVERHEAD_ROUNDS_GPU,
     PER_TARGET,
     RESOLUTION_ASPECTS,
     RESOLUTION_SIZES,
@@ -63,9 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--n",
         type=int,
         default=None,
-        help="measured requests (rounds) per variant; default 20, resolution 10 rounds, overhead 200 pairs per kind, "
-        "ablation 60 rounds, "
-        "overhead-crossover 50 rounds per launch",
+        help=f"measured requests (rounds) per variant; default 20, resolution 10 rounds, overhead {OVERHEAD_ROUNDS_GPU} "
+        f"rounds per kind on a GPU server and {OVERHEAD_ROUNDS_CPU} on a CPU one (its server info's device), "
+        "ablation 60 rounds, overhead-crossover 50 rounds per launch",
     )
     p.add_argument("--questions", type=int, default=100, help="order: number of questions (default %(default)s)")
     p.add_argument("--size", default=None, help="image size: N or WxH (default 512; the overhead experiments: 640x480)")
@@ -121,12 +123,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="overhead/ablation: after a request with records on, wait until its record is built before the next "
         "flip (its record-building then overlaps no other request)",
     )
-    s.add_argument(
-        "--control",
-        action="store_true",
-        help="overhead: also an A/A control on the same instance, a second plugin-off request per round and kind "
-        "(reported as off vs off again: the method's own noise)",
-    )
     s.add_argument("--server-pid", type=int, default=None, help="throughput with --url: the server's API process")
     s.add_argument(
         "--launches",
@@ -134,7 +130,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=2,
         help="overhead-crossover: launches per orientation, A/B and A/A (default %(default)s)",
     )
-    s.add_argument("--no-aa", action="store_true", help="overhead-crossover: skip the A/A control")
+    s.add_argument(
+        "--no-aa",
+        action="store_true",
+        help="overhead: no A/A control arm (by default a second plugin-off request per round and kind, reported as "
+        "off again - off: the method's own noise); overhead-crossover: skip the A/A launches",
+    )
     s.add_argument("--deadline", type=float, default=None, help="epoch seconds: stop sending new requests after it")
     p.add_argument("--seed", type=int, default=None, help="image/question seed (default: random per run)")
     p.add_argument(
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         settle_s=args.settle_s,
         gap_s=args.gap_ms / 1000,
         keep_records=args.keep_records,
-        control=args.control,
+        control=not args.no_aa,
         **({"ablation_parts": tuple(args.ablation_groups.split(","))} if args.ablation_groups else {}),
         launches=args.launches,
         aa=not args.no_aa,
