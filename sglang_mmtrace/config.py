@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import environment_variables as ev
+from .windows import Schedule
 
 _D = ev.DEFAULTS
 
@@ -27,6 +28,8 @@ class Config:
     """``environment_variables.GPU_TIMING_LEVELS``: "0", "1" (the scheduler's GPU stages), "all"."""
     capture_content: bool = _D["capture_content"]
     grace_s: float = _D["grace_s"]
+    window: Schedule | None = _D["window"]
+    """``SGLANG_MMTRACE_WINDOW``: tracing windows (``windows.py``); None: always on."""
     test_raise: frozenset[str] = _D["test_raise"]
     test_stall: tuple[str, float] | None = _D["test_stall"]
 

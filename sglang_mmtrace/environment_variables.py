@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .windows import Schedule
+
 _FALSE = {"0", "false", "no", "off", ""}
 
 
@@ -72,6 +74,10 @@ def _stall(raw: str) -> tuple[str, float] | None:
     return (component.strip(), float(seconds)) if component.strip() else None
 
 
+def _window(raw: str) -> Schedule | None:
+    return Schedule.parse(raw) if raw.strip() else None
+
+
 @dataclass(frozen=True)
 class Variable:
     name: str
@@ -116,6 +122,7 @@ SGLANG_MMTRACE_WHEEL_CACHE = "SGLANG_MMTRACE_WHEEL_CACHE"
 ``~/.cache/sglang-mmtrace/wheels``. Not read by the plugin."""
 
 SGLANG_MMTRACE_OTLP_ENDPOINT = "SGLANG_MMTRACE_OTLP_ENDPOINT"
+SGLANG_MMTRACE_WINDOW = "SGLANG_MMTRACE_WINDOW"
 
 # The standard OpenTelemetry variables the plugin reads (sinks.otlp.settings) with the SDK's meaning;
 # the SDK's exporter reads the rest of the exporter's ones (headers, certificates, compression).
@@ -204,6 +211,16 @@ VARIABLES: tuple[Variable, ...] = (
         "false, NO_CONTENT, EVENT_ONLY: off)",
         _capture,
         fallbacks=(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT,),
+    ),
+    Variable(
+        SGLANG_MMTRACE_WINDOW,
+        "window",
+        None,
+        "tracing windows, <window>/<period> (e.g. 10s/60s; units ms, s, m, h): the plugin stays installed but "
+        "is switched off except for the first <window> of every <period> of wall-clock time, so windows of "
+        "servers with one setting coincide; records from a window carry `window`. Unset: always on. A bad "
+        "value is warned about once and tracing stays always on",
+        _window,
     ),
     Variable(SGLANG_MMTRACE_MANIFEST, None, None, "a manifest TOML that replaces the packaged one for this SGLang"),
     Variable(

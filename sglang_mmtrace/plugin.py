@@ -145,7 +145,22 @@ def _install(role: str | None, join: bool) -> str | None:
     switch.LISTENERS.append(follow_switch)
     follow_switch()
     runtime.role = role
+    if role == API and runtime.outbox is None:
+        _start_windows(cfg)
     return role
+
+
+def _start_windows(cfg: config.Config) -> None:
+    """The API process that owns the collector drives the tracing windows (``windows.py``) of every
+    process. A value that does not parse is warned about once and leaves tracing always on: a typo
+    should not silently stop the tracing the user meant to sample."""
+    raw = os.environ.get(ev.SGLANG_MMTRACE_WINDOW, "").strip()
+    if cfg.window is None and raw:
+        telemetry.warn(
+            "%s=%r is not <window>/<period> (e.g. 10s/60s); tracing stays always on", ev.SGLANG_MMTRACE_WINDOW, raw
+        )
+    if cfg.window is not None and runtime.collector is not None:
+        runtime.collector.start_windows(cfg.window, wait=False)
 
 
 def follow_switch() -> None:

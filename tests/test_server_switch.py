@@ -140,3 +140,53 @@ def test_parts_subset_applies_everywhere(server):
         assert not set(rids) & {r["rid"] for r in read_records(server.jsonl_path)}
     finally:
         assert flip(port, {"on": True})[0] == 200
+
+
+def _windows_state(server, want_open: bool, timeout: float = 30.0) -> dict:
+    """``/mmtrace/state``'s ``api.windows`` once its window is open (or closed) and every process has
+    applied that edge's flip."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = state(server)
+        w = st["api"]["windows"]
+        gen = st["api"]["switch"]["generation"]
+        if w["open"] is want_open and all(p["switch"]["generation"] == gen for p in st["peers"].values()):
+            return st
+        assert time.monotonic() < deadline, f"no {'open' if want_open else 'closed'} window: {w}"
+        time.sleep(0.05)
+
+
+def test_tracing_windows_record_inside_only_and_a_user_flip_takes_over(server):
+    """``{"windows": "4s/8s"}``: requests served in a window get records with ``window``; requests
+    between windows get none; ``{"on": true}`` stops the windows and leaves tracing on."""
+    port = server.port
+    status, answer = flip(port, {"windows": "4s/8s"})
+    try:
+        assert status == 200, answer
+        assert answer["windows"]["schedule"] == "4s/8s" and answer["windows"]["running"] is True
+        st = _windows_state(server, want_open=False)
+        assert st["api"]["switch"]["on"] is False and st["api"]["windows"]["next_open_unix_s"] > time.time()
+        outside = f"win-out-{time.time_ns()}"
+        status, raw = post(port, chat_body(outside, "Name a colour."))
+        assert status == 200 and sse_usage(raw)
+        inside = None
+        for attempt in range(3):  # a request that crosses the window's end gets no record: try the next window
+            before = _windows_state(server, want_open=True)["api"]["switch"]["generation"]
+            rid = f"win-in-{attempt}-{time.time_ns()}"
+            status, raw = post(port, chat_body(rid, "Name a colour."))
+            assert status == 200 and sse_usage(raw)
+            if state(server)["api"]["switch"]["generation"] == before:
+                inside = rid
+                break
+        assert inside is not None, "no request fitted in a 4 s window"
+        rec = records(server, [inside])[inside]
+        assert rec["window"] == {"window_s": 4.0, "period_s": 8.0}
+        assert rec["status"] == "ok" and rec["coverage"] >= 0.95
+        written = {r["rid"] for r in read_records(server.jsonl_path)}
+        assert outside not in written, "a request served between windows has a record" + server_context(server)
+    finally:
+        status, answer = flip(port, {"on": True})
+    assert status == 200 and answer["on"] is True and answer["parts"] == list(switch.PARTS)
+    st = state(server)
+    assert st["api"]["windows"]["running"] is False and st["api"]["windows"]["open"] is False
+    assert st["api"]["switch"]["on"] is True

@@ -185,7 +185,7 @@ def test_flip_waits_for_the_peer_then_answers(collector):
     answer: dict = {}
     t = threading.Thread(
         target=lambda: answer.setdefault(
-            "a", admin_request(col.admin_address, ("flip", gen, False, list(switch.PARTS)))
+            "a", admin_request(col.admin_address, ("flip", gen, False, list(switch.PARTS), None))
         )
     )
     t.start()
@@ -205,11 +205,11 @@ def test_flip_waits_for_the_peer_then_answers(collector):
 def test_a_request_that_ended_before_a_flip_is_exported_as_it_ran(collector):
     col, sink, push = collector
     on_gen = switch.generation + 1
-    assert admin_request(col.admin_address, ("flip", on_gen, True, list(switch.PARTS)))[0]
+    assert admin_request(col.admin_address, ("flip", on_gen, True, list(switch.PARTS), None))[0]
     trace = _trace("r3", False)
     trace.http.gen = on_gen  # served (and finished) while everything was on
     gen = on_gen + 1
-    confirmed, _, _ = admin_request(col.admin_address, ("flip", gen, False, list(switch.PARTS)))
+    confirmed, _, _ = admin_request(col.admin_address, ("flip", gen, False, list(switch.PARTS), None))
     assert confirmed  # no peers to wait for
     push.send(pickle.dumps(("api", "api", 11, ([to_wire(trace)], None))))  # arrives after the flip
     _wait(lambda: sink.records)
@@ -230,13 +230,13 @@ def test_a_superseded_flip_is_answered_at_once_unconfirmed(collector):
     first: dict = {}
     gen = switch.generation + 1
     t = threading.Thread(
-        target=lambda: first.setdefault("a", admin_request(col.admin_address, ("flip", gen, False, [])))
+        target=lambda: first.setdefault("a", admin_request(col.admin_address, ("flip", gen, False, [], None)))
     )
     t.start()
     _wait(lambda: col._flip is not None)
     t0 = time.monotonic()
     second = threading.Thread(
-        target=lambda: admin_request(col.admin_address, ("flip", gen + 1, True, list(switch.PARTS)))
+        target=lambda: admin_request(col.admin_address, ("flip", gen + 1, True, list(switch.PARTS), None))
     )
     second.start()
     t.join(3)
@@ -346,3 +346,51 @@ def test_openai_convert_is_filed_from_the_handlers_start_until_the_tokenizer_man
 def _received(trace: ApiTrace) -> ApiTrace:
     """The trace as the collector process gets it."""
     return from_wire(pickle.loads(pickle.dumps(to_wire(trace))))
+
+
+def test_a_window_s_records_carry_it_and_a_user_flip_s_do_not(collector):
+    """The collector marks the records of a generation a tracing window opened (``windows.py``) with
+    the record field ``window``, and sets the Prometheus gauge's state; a user's flip marks nothing."""
+    col, sink, push = collector
+    window = {"window_s": 10.0, "period_s": 60.0}
+    gen = switch.generation + 1
+    assert admin_request(col.admin_address, ("flip", gen, True, list(switch.PARTS), {**window, "open": True}))[0]
+    assert col.window == ("10s/60s", True)
+    inside = _trace("w-in", False)
+    inside.http.gen = gen
+    push.send(pickle.dumps(("api", "api", 11, ([to_wire(inside)], None))))
+    _wait(lambda: sink.records)
+    assert sink.records[0]["rid"] == "w-in" and sink.records[0]["window"] == window
+    closed = gen + 1
+    assert admin_request(col.admin_address, ("flip", closed, False, list(switch.PARTS), {**window, "open": False}))[0]
+    assert col.window == ("10s/60s", False)
+    user = closed + 1
+    assert admin_request(col.admin_address, ("flip", user, True, list(switch.PARTS), None))[0]
+    assert col.window is None
+    after = _trace("w-user", False)
+    after.http.gen = user
+    push.send(pickle.dumps(("api", "api", 11, ([to_wire(after)], None))))
+    _wait(lambda: len(sink.records) == 2)
+    assert sink.records[1]["rid"] == "w-user" and "window" not in sink.records[1]
+
+
+def test_a_peer_that_starts_after_the_last_flip_is_sent_the_setting(collector):
+    """A scheduler spawned after a window closed starts with every part on: its heartbeat shows the
+    older generation, and the collector publishes the latest setting again until it catches up."""
+    col, sink, push = collector
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(col.control_address)
+    gen = switch.generation + 1
+    assert admin_request(col.admin_address, ("flip", gen, False, list(switch.PARTS), None))[0]  # no peers yet
+    time.sleep(0.1)
+    while sub.poll(0):
+        sub.recv()  # the flip's own publication, if the subscription was in time for it
+    push.send(
+        pickle.dumps(("hb", "scheduler", 8, {"switch": {"on": True, "parts": list(switch.PARTS), "generation": 0}}))
+    )
+    assert sub.poll(5000), "the latest setting was not published again for the late peer"
+    assert pickle.loads(sub.recv()) == (gen, False, tuple(switch.PARTS))
+    sub.close()

@@ -32,6 +32,7 @@ def test_defaults_are_the_contracts(monkeypatch):
         "SGLANG_MMTRACE_NVTX": "1",
         "SGLANG_MMTRACE_GPU_TIMING": "1",
         "SGLANG_MMTRACE_CAPTURE_CONTENT": "0",
+        "SGLANG_MMTRACE_WINDOW": "unset",  # an addition of this repository
         "SGLANG_MMTRACE_MANIFEST": "unset",
         "SGLANG_MMTRACE_GRACE_S": "2.0",
     }

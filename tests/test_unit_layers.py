@@ -45,6 +45,7 @@ RUNTIME: frozenset[str] = frozenset(
         "stages",
         "switch",
         "telemetry",
+        "windows",
     }
 )
 """Top-level parts that run inside SGLang's processes, and the core modules they use."""

@@ -170,6 +170,19 @@ def test_warmup_records_are_left_out_unless_asked(tmp_path: Path, capsys: pytest
     assert group["n"] == 4
 
 
+def test_records_from_tracing_windows_are_said_to_be_a_sample(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "records.jsonl"
+    window = {"window_s": 10.0, "period_s": 60.0}
+    path.write_text("".join(json.dumps({**ok_record(f"w{i}"), "window": window}) + "\n" for i in range(2)))
+    rc, out, err = _report(capsys, path, "--json")
+    assert rc == 0 and _one_line(err).endswith(
+        "sampled by tracing windows: 10 s every 60 s (2 of 2 records; counts and rates are a sample)"
+    )
+    path.write_text(_line("r0"))
+    rc, out, err = _report(capsys, path, "--json")
+    assert rc == 0 and not err
+
+
 def test_only_warmup_records_is_an_error_that_names_the_option(tmp_path: Path, capsys) -> None:
     path = tmp_path / "records.jsonl"
     path.write_text(json.dumps({**ok_record("warm"), "warmup": True}) + "\n")

@@ -389,9 +389,16 @@ def dashboard() -> dict[str, Any]:
     lay.add(
         panel(
             "Requests/s by status",
-            [(f"sum by (status) ({rate('requests_total')})", "{{status}}")],
-            "Finished requests per second (ok, error, abort).",
+            [
+                (f"sum by (status) ({rate('requests_total')})", "{{status}}"),
+                # without windows the gauge is absent and tracing always on: 1
+                (f"max by (schedule) ({gauge('window_active')}) or on() vector(1)", "tracing on {{schedule}}"),
+            ],
+            "Finished requests per second (ok, error, abort). With tracing windows (SGLANG_MMTRACE_WINDOW; "
+            "the second series is 1 while tracing is on, 0 between windows), this and every other plugin panel count only "
+            "the requests served in a window: a sample of the traffic (times period/window for the server's).",
             unit="reqps",
+            units={"B": COUNT},
         ),
         w=8,
     )

@@ -117,7 +117,21 @@ def _load(path: str, include_warmup: bool) -> list[dict[str, Any]]:
             if not records:
                 raise RecordsError(f"{path}: only warm-up records; --include-warmup shows them")
             print(f"{PROG}: {path}: {warm} warm-up record(s) left out (--include-warmup keeps them)", file=sys.stderr)
+    sampled = sampled_by_windows(records)
+    if sampled:
+        print(f"{PROG}: {path}: {sampled}", file=sys.stderr)
     return records
+
+
+def sampled_by_windows(records: list[dict[str, Any]]) -> str | None:
+    """The line that says the records are a sample: served in tracing windows (``SGLANG_MMTRACE_WINDOW``,
+    the record's ``window``), so counts and rates are those of the windows, not of the server."""
+    schedules = sorted({(w["window_s"], w["period_s"]) for r in records if (w := r.get("window"))})
+    if not schedules:
+        return None
+    shown = ", ".join(f"{w:g} s every {p:g} s" for w, p in schedules)
+    n = sum(1 for r in records if r.get("window"))
+    return f"sampled by tracing windows: {shown} ({n} of {len(records)} records; counts and rates are a sample)"
 
 
 def _write_error(exc: OSError, outputs: tuple[str | None, ...]) -> int:

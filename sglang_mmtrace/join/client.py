@@ -1,12 +1,14 @@
 """The API process's end of the collector process (``collector.py``): start it, hand it requests.
 
-Nothing here runs a thread in SGLang's API process. ``finish_http`` runs on the event loop once a
+Nothing here runs a thread in SGLang's API process but the tracing windows' driver (``windows.py``,
+only with windows set), which sleeps between window edges. ``finish_http`` runs on the event loop once a
 response is complete: it pickles the exchange's traces (as plain tuples, ``context.to_wire``) and
 copies them into a non-blocking ZMQ socket (a full queue drops and counts them, it never waits). A timer
 of the same loop sends the occupancy of the process's caches once a second when it changed
 (``occupancy.api_sample``). The admin calls (``/mmtrace/state``,
 ``/mmtrace/enabled``, starting the metrics) are request/reply round trips to the collector, run on
-the default executor so the event loop does not wait on them.
+the default executor so the event loop does not wait on them; flips, the user's and the windows',
+are applied one at a time.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from typing import Any
 
 from .. import switch, telemetry
+from ..windows import Driver, Schedule
 from . import ipc
 from .context import LIVE, ApiTrace, EngineCall, HttpCtx, to_wire
 
@@ -66,6 +69,9 @@ class CollectorClient:
         self._tokenizer_manager: Any = None  # whose caches the occupancy timer reads (set with the metrics)
         self._occupancy_timer: asyncio.TimerHandle | None = None
         self._occupancy_sent: Any = None
+        self._flip_lock = threading.RLock()  # one flip at a time: the event loop's and the windows'
+        self.windows: Driver | None = None
+        """The tracing windows' driver (``windows.py``): the last one started, running or overridden."""
 
     @classmethod
     def attach(cls, address: str, control_address: str, admin_address: str) -> CollectorClient:
@@ -174,6 +180,8 @@ class CollectorClient:
                 self._sock = None
         if self._occupancy_timer is not None:
             self._occupancy_timer.cancel()
+        if self.windows is not None:
+            self.windows.stop()
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -193,7 +201,9 @@ class CollectorClient:
 
     async def state(self) -> dict[str, Any]:
         st = await self._request(("state",))
-        st["api"].update({"pid": self._pid, "live_requests": len(LIVE), "switch": switch.snapshot()})
+        st["api"].update(
+            {"pid": self._pid, "live_requests": len(LIVE), "switch": switch.snapshot(), "windows": self.windows_state()}
+        )
         for kind in ("errors", "dropped"):
             merged = dict(st["api"][kind])
             for key, value in getattr(telemetry, kind).items():
@@ -202,14 +212,57 @@ class CollectorClient:
         return st
 
     async def flip(self, setting: switch.Setting) -> tuple[bool, dict[str, Any]]:
+        """``POST /mmtrace/enabled {"on": ...}``: the user's setting, which also stops the tracing windows
+        (``flip_now`` on an executor thread, so the event loop does not wait for the confirmations)."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.flip_now, setting)
+
+    def flip_now(
+        self, setting: switch.Setting, window: Schedule | None = None, driver: Driver | None = None
+    ) -> tuple[bool, dict[str, Any]] | None:
         """Apply a setting here and in the collector; the collector publishes it and waits until every
-        other process confirmed. Returns ``(all confirmed, the answer of POST /mmtrace/enabled)``."""
-        gen = switch.generation + 1
-        switch.apply(setting, gen)
-        confirmed, processes, missing = await self._request(("flip", gen, setting.on, setting.parts), FLIP_WAIT_S)
+        other process confirmed. Returns ``(all confirmed, the answer of POST /mmtrace/enabled)``.
+
+        ``driver``: the flip is a window edge of that driver's ``window`` schedule (opening when
+        ``setting.on``: the collector puts the schedule on the records served in it); it is skipped
+        (None) when that driver no longer drives the switch. Without one it is the user's: the windows
+        stop."""
+        with self._flip_lock:
+            if driver is not None and (driver is not self.windows or not driver.running):
+                return None
+            if driver is None and self.windows is not None:
+                self.windows.stop()
+            gen = switch.generation + 1
+            switch.apply(setting, gen)
+            field = {**window.field, "open": setting.on} if window is not None else None
+            confirmed, processes, missing = self.request(("flip", gen, setting.on, setting.parts, field), FLIP_WAIT_S)
         processes = {f"api:{self._pid}": switch.snapshot(), **processes}
         answer = {**switch.snapshot(), "processes": processes, **({"missing": missing} if missing else {})}
         return confirmed, answer
+
+    def start_windows(
+        self, schedule: Schedule, parts: tuple[str, ...] = switch.PARTS, wait: bool = True
+    ) -> dict[str, Any]:
+        """Drive the switch by ``schedule`` from now on (replacing earlier windows): ``parts`` on in each
+        window, everything off between. ``wait``: the current window's state is applied before this
+        returns (else on the driver's thread: the plugin's start-up does not wait for the collector)."""
+
+        def flip(open_: bool) -> bool:
+            return self.flip_now(switch.Setting(open_, parts), schedule, driver) is not None
+
+        with self._flip_lock:
+            if self.windows is not None:
+                self.windows.stop()
+            driver = Driver(schedule, flip, telemetry.contained)
+            self.windows = driver
+            driver.start(wait)
+        return self.windows_state()
+
+    async def set_windows(self, schedule: Schedule, parts: tuple[str, ...]) -> dict[str, Any]:
+        """``POST /mmtrace/enabled {"windows": ...}`` (on an executor thread, as ``flip``)."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.start_windows, schedule, parts)
+
+    def windows_state(self) -> dict[str, Any] | None:
+        return self.windows.state() if self.windows is not None else None
 
     def start_metrics(self, enable_metrics: bool, port: int, tokenizer_manager: Any = None) -> None:
         """Called once SGLang's server args are known (TokenizerManager built): pick where metrics go.

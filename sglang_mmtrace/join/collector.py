@@ -45,6 +45,7 @@ from ..stages import (
     TRANSPORT_PREPARE,
     unobserved,
 )
+from ..windows import Schedule
 from . import ipc
 from .context import ApiTrace, HttpCtx, from_wire
 from .record import EmitContext, HttpFacts, StageEvent, coverage, merge_chunks, stage_dicts
@@ -111,6 +112,10 @@ class Collector:
         self._flip: tuple[Any, int, float, float, switch.Setting] | None = (
             None  # (client, gen, deadline, sent, setting)
         )
+        self._windows: dict[int, dict[str, float] | None] = {}  # generation -> its window (Schedule.field)
+        self.window: tuple[str, bool] | None = None
+        """``(schedule, open)`` while tracing windows drive the switch (the Prometheus gauge), else None."""
+        self._resent = 0.0  # when the latest setting was last published again for a late peer
         self._unix_offset = time.time() - time.perf_counter()
         self._last_health = 0.0
         self.metrics_started = False
@@ -184,12 +189,20 @@ class Collector:
         if kind == "state":
             self._reply(client, self.state())
         elif kind == "flip":
-            _, gen, on, parts = msg
+            _, gen, on, parts, window = msg
             setting = switch.Setting(on, tuple(parts))
             switch.apply(setting, gen)
             self._settings[gen] = setting
+            # a window's records carry its schedule (``Schedule.field``); a user's flip has no window
+            self._windows[gen] = {k: window[k] for k in ("window_s", "period_s")} if window and window["open"] else None
             while len(self._settings) > SETTINGS_MEMORY:
-                del self._settings[min(self._settings)]
+                oldest = min(self._settings)
+                del self._settings[oldest]
+                self._windows.pop(oldest, None)
+            self.window = None
+            if window is not None:
+                self.window = (Schedule(window["window_s"], window["period_s"]).spec, bool(window["open"]))
+            self._sync_window()
             self.last_flip = time.perf_counter()
             if self._flip is not None:  # superseded: its requester gets an answer now, unconfirmed
                 self._answer_flip(self._flip[0], self._flip[1])
@@ -204,6 +217,7 @@ class Collector:
         """Publish the pending flip (again every ``FLIP_RESEND_S``: a late subscriber misses the first)
         and answer its requester once every peer confirmed it, or at the deadline."""
         if self._flip is None:
+            self._catch_up_peers()
             return
         client, gen, deadline, sent, setting = self._flip
         t = time.monotonic()
@@ -214,6 +228,26 @@ class Collector:
             return
         self._flip = None
         self._answer_flip(client, gen)
+
+    def _sync_window(self) -> None:
+        for sink in self.sinks:
+            sync = getattr(sink, "sync_window", None)
+            if sync is not None:
+                try:
+                    sync(self.window)
+                except Exception as exc:
+                    telemetry.contained(f"sink.{type(sink).__name__}", exc)
+
+    def _catch_up_peers(self) -> None:
+        """Publish the latest setting again, at most every ``FLIP_RESEND_S``, while a peer's heartbeat
+        shows an older one: a process that started after the last flip (SGLang spawns its schedulers
+        after the API process's tracing windows made their first) starts with every part on."""
+        gen = switch.generation
+        t = time.monotonic()
+        if gen and t - self._resent >= FLIP_RESEND_S and self._unconfirmed(gen):
+            self._resent = t
+            setting = self._settings.get(gen) or switch.current()
+            self._pub.send(pickle.dumps((gen, setting.on, setting.parts)))
 
     def _unconfirmed(self, gen: int) -> list[str]:
         return [key for key, hb in self._peers.items() if (hb.get("switch") or {}).get("generation") != gen]
@@ -241,6 +275,7 @@ class Collector:
             self.add_sink(PrometheusSink(port=None if multiproc_dir else port))
         except Exception as exc:
             return repr(exc)
+        self._sync_window()  # the windows may have started before SGLang's server arguments were known
         return None
 
     def _on_message(self, msg: tuple[Any, ...]) -> None:
@@ -361,6 +396,9 @@ class Collector:
             return
         if self.occupancy:
             record["occupancy"] = self.occupancy  # as last sampled (``_sync_health``): report's occupancy rows
+        window = self._windows.get(trace.http.gen if trace.http is not None else switch.generation)
+        if window is not None:
+            record["window"] = window  # served in a tracing window: a sample of the traffic
         self._records += 1
         carrier = trace.sglang_trace_headers or (trace.http.trace_headers if trace.http is not None else None)
         ctx = EmitContext(carrier or {}, self._pids(remote, api_pid), http_facts(trace.http))

@@ -74,6 +74,12 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "cuda_ipc_pool_fallbacks_total": ("counter", WHERE, "Features that found no room in the cuda_ipc pool"),
     "shm_segments": ("gauge", WHERE, "Shared-memory feature segments of the cpu transport in flight"),
     "shm_bytes": ("gauge", WHERE, "Bytes of the shared-memory feature segments in flight"),
+    "window_active": (
+        "gauge",
+        ("schedule",),
+        "1 while a tracing window is open, 0 between windows (SGLANG_MMTRACE_WINDOW; absent without windows): "
+        "while windows run, the other metrics count only requests served in a window",
+    ),
 }
 """The contract's metric table (name without prefix -> type, labels, help): dashboards read it too.
 
@@ -185,6 +191,13 @@ class PrometheusSink:
             for key, value in totals.get(kind, {}).items():
                 if delta := _advance(seen, key, value):
                     self.m[metric].labels(**{label: key}).inc(delta)
+
+    def sync_window(self, window: tuple[str, bool] | None) -> None:
+        """``(schedule, open)`` while tracing windows drive the switch, else None (the series goes)."""
+        gauge = self.m["window_active"]
+        gauge.clear()
+        if window is not None:
+            gauge.labels(window[0]).set(1 if window[1] else 0)
 
     def sync_occupancy(self, samples: dict[Where, Sample]) -> None:
         """Where -> the latest occupancy sample there: gauges set, cumulative counts turned into increments."""

@@ -76,6 +76,10 @@ def server_span_attributes(rec: dict[str, Any], ctx: EmitContext) -> dict[str, A
         attrs["error.type"] = error
     if rec.get("warmup"):
         attrs[ATTR_PREFIX + "warmup"] = True  # kept in traces, marked for filtering
+    window = rec.get("window")
+    if window:  # served in a tracing window (SGLANG_MMTRACE_WINDOW): the trace is one of a sample
+        attrs[ATTR_PREFIX + "window.window_s"] = window["window_s"]
+        attrs[ATTR_PREFIX + "window.period_s"] = window["period_s"]
     content = rec.get("content")
     if content:  # only with content capture on (environment_variables: SGLANG_MMTRACE_CAPTURE_CONTENT)
         if content.get("prompt") is not None:

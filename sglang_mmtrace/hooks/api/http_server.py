@@ -13,6 +13,7 @@ from typing import Any
 
 from ... import runtime, switch
 from ...join.context import WARMUP_HEADER, HttpCtx, current_http, now
+from ...windows import Schedule
 from ..base import HookSpec, guarded
 
 STATE_PATH = "/mmtrace/state"
@@ -159,7 +160,10 @@ async def _serve_state(send: Any) -> None:
 
 
 async def _serve_enabled(receive: Any, send: Any) -> None:
-    """``{"on": bool, "parts": [...]?}``: 200 once every process applied it, 504 if one did not confirm."""
+    """``{"on": bool, "parts": [...]?}``: 200 once every process applied it, 504 if one did not confirm;
+    it also stops the tracing windows. ``{"windows": "<window>/<period>", "parts": [...]?}``: the switch
+    follows that schedule from now on (``windows.py``); 200 with the windows' state once the current
+    window's state is applied."""
     chunks = []
     while True:
         message = await receive()
@@ -167,12 +171,23 @@ async def _serve_enabled(receive: Any, send: Any) -> None:
         if message.get("type") != "http.request" or not message.get("more_body", False):
             break
     try:
-        setting = switch.Setting.parse(json.loads(b"".join(chunks) or b"null"))
+        body = json.loads(b"".join(chunks) or b"null")
+        schedule = None
+        if isinstance(body, dict) and "windows" in body:
+            if not isinstance(body["windows"], str):
+                raise ValueError('"windows" must be a string <window>/<period>, e.g. "10s/60s"')
+            schedule = Schedule.parse(body["windows"])
+            body = {"on": True, "parts": body.get("parts")}
+        setting = switch.Setting.parse(body)
     except ValueError as exc:  # JSONDecodeError is a ValueError
         await _respond(send, 400, {"error": str(exc), "parts": list(switch.PARTS)})
         return
     if runtime.collector is None:
         await _respond(send, 503, {"error": "the plugin is not installed in this process"})
+        return
+    if schedule is not None:
+        windows = await runtime.collector.set_windows(schedule, setting.parts)
+        await _respond(send, 200, {**switch.snapshot(), "windows": windows})
         return
     confirmed, state = await runtime.collector.flip(setting)
     await _respond(send, 200 if confirmed else 504, state)
