@@ -11,8 +11,8 @@ its own (independent runs, no pairing), e.g. the plugin against its bare-wrapper
 different hosts have different TTFTs.
 
     python -m benchmarks.overhead_pool \\
-        --group plugin=benchmarks/results/overhead-skeleton-h100-20261206-2/plugin \\
-        --group skeleton=benchmarks/results/overhead-skeleton-h100-20261206-2/skel,benchmarks/results/overhead-skeleton-h100-20261206/skel \\
+        --group plugin=benchmarks/results/overhead-skeleton-h100-20261206/run-2/plugin \\
+        --group skeleton=benchmarks/results/overhead-skeleton-h100-20261206/run-2/skel,benchmarks/results/overhead-skeleton-h100-20261206/skel \\
         --aa --diff skeleton plugin
 """
 

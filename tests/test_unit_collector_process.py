@@ -170,13 +170,18 @@ def test_discarded_request_leaves_no_record_and_no_pending_events(collector):
     assert sink.records == [] and st["api"]["remote_pending"] == 0
 
 
-def test_flip_waits_for_the_peer_then_answers(collector):
-    col, sink, push = collector
-    ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
+def _control_subscriber(col):
+    """A socket on the collector's control channel, where it publishes every flip to the processes."""
+    sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.LINGER, 0)
     sub.connect(col.control_address)
+    return sub
+
+
+def test_flip_waits_for_the_peer_then_answers(collector):
+    col, sink, push = collector
+    sub = _control_subscriber(col)
     push.send(pickle.dumps(("hb", "scheduler", 7, {"switch": switch.snapshot()})))
     _wait(lambda: "scheduler:7" in col._peers)
     gen = switch.generation + 1
@@ -378,11 +383,7 @@ def test_a_peer_that_starts_after_the_last_flip_is_sent_the_setting(collector):
     """A scheduler spawned after a window closed starts with every part on: its heartbeat shows the
     older generation, and the collector publishes the latest setting again until it catches up."""
     col, sink, push = collector
-    ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.connect(col.control_address)
+    sub = _control_subscriber(col)
     gen = switch.generation + 1
     assert admin_request(col.admin_address, ("flip", gen, False, list(switch.PARTS), None))[0]  # no peers yet
     time.sleep(0.1)
