@@ -1,10 +1,11 @@
-"""The Nsight Systems reader on a real profile: the H200 run of ``benchmarks/gpu/gpu_check.sh OUT nsys``
+"""The Nsight Systems reader on real profiles: two H200 runs of ``benchmarks/gpu/gpu_check.sh OUT nsys``
 (SGLang 0.5.17, the sqlite export trimmed by ``benchmarks/gpu/trim_nsys_sqlite.py``) and the
-plugin's records of the same requests. CI has no GPU; the profile and records are committed.
+plugin's records of the same requests. CI has no GPU; the profiles and records are committed.
 
-That profile predates the request key: its messages name the rids (``<stage> rid=<rid>``), so it
-also pins the reading of old captures. The payload format (message = stage, request key as the
-payload, a batch's keys on marks inside its range) is checked on small exports built here."""
+One profile has today's payload format (message = stage, request key as the payload, a batch's keys
+on marks inside its range); the other predates the request key (its messages name the rids,
+``<stage> rid=<rid>``) and pins the reading of old captures. Edge cases of the payload format are
+checked on small exports built here."""
 
 from __future__ import annotations
 
@@ -20,19 +21,22 @@ from sglang_mmtrace.profiling.nsys import GPU_COMPARED, compare, read_ranges, re
 from sglang_mmtrace.report.analysis import read_jsonl
 from sglang_mmtrace.sinks.nvtx import request_key
 
-RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu-check-h200-20261130"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+RUN = RESULTS / "gpu-check-h200-20261130"  # rids in the messages
+PAYLOAD_RUN = RESULTS / "nsys-payload-h200-20261207"  # request keys in the payloads
 
 
-@pytest.fixture(scope="module")
-def profile():
-    return read_ranges(str(RUN / "nsys_trimmed.sqlite")), read_jsonl(str(RUN / "records_nsys.jsonl"))
+@pytest.fixture(scope="module", params=[PAYLOAD_RUN, RUN], ids=["payload", "rid-in-message"])
+def profile(request):
+    run = request.param
+    return read_ranges(str(run / "nsys_trimmed.sqlite")), read_jsonl(str(run / "records_nsys.jsonl"))
 
 
 def test_ranges_name_the_records_rids_and_catalogue_stages(profile):
     ranges, records = profile
-    rids = {r["rid"] for r in records}
-    named = [r for r in ranges if r.rids]
-    assert named and all(set(r.rids) <= rids for r in named), "a range names a rid without a record"
+    keys = {request_key(r["rid"]) for r in records}
+    named = [r for r in ranges if r.keys]
+    assert named and all(set(r.keys) <= keys for r in named), "a range names a request without a record"
     assert summary(ranges, records)["unknown_stages"] == []
     # the 20 profiled requests: every one has its scheduler and API ranges
     per_stage = Counter(r.stage for r in ranges)
@@ -70,11 +74,11 @@ def test_prefill_excludes_the_encoder_and_injection_nested_in_the_forward(profil
     encoded image that is clearly less than the forward's whole span."""
     ranges, records = profile
     rows = {(a.rid, a.stage): a for a in compare(ranges, records)}
-    forwards = {r.rids[0]: r for r in ranges if r.stage == "model.forward" and r.rids}
+    forwards = {k: r for r in ranges if r.stage == "model.forward" for k in r.keys}
     checked = 0
     for (rid, stage), a in rows.items():
         if stage == "model.prefill" and (rid, "model.vision_encoder") in rows:
-            whole = forwards[rid].gpu_span_s()
+            whole = forwards[request_key(rid)].gpu_span_s()
             assert whole is not None and a.kernel_s < whole - rows[(rid, "model.vision_encoder")].kernel_s * 0.5
             checked += 1
     assert checked == 10

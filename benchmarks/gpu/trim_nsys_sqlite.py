@@ -2,7 +2,7 @@
 
     python benchmarks/gpu/trim_nsys_sqlite.py IN.sqlite OUT.sqlite
 
-Keeps the plugin's NVTX domain, the CUDA API calls on the threads that pushed its ranges (inside
+Keeps the plugin's NVTX domain (its ranges, and the marks that name a batch range's requests), the CUDA API calls on the threads that pushed its ranges (inside
 the ranges' time window) and the GPU operations they launched; small enough to commit as a real
 test input for the reader.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 
-from sglang_mmtrace.profiling.nsys import DOMAIN_CREATE, GPU_TABLES, PUSH_POP, START_END
+from sglang_mmtrace.profiling.nsys import DOMAIN_CREATE, GPU_TABLES, MARK, PUSH_POP, START_END
 
 
 def trim(src: str, dst: str) -> None:
@@ -21,10 +21,10 @@ def trim(src: str, dst: str) -> None:
     tables = {r[0] for r in db.execute("SELECT name FROM s.sqlite_master WHERE type='table'")}
     db.execute("CREATE TABLE StringIds AS SELECT * FROM s.StringIds")
     db.execute(
-        "CREATE TABLE NVTX_EVENTS AS SELECT * FROM s.NVTX_EVENTS WHERE eventType = ? OR (eventType IN (?, ?) "
+        "CREATE TABLE NVTX_EVENTS AS SELECT * FROM s.NVTX_EVENTS WHERE eventType = ? OR (eventType IN (?, ?, ?) "
         "AND domainId IN (SELECT domainId FROM s.NVTX_EVENTS WHERE eventType = ? AND "
         "COALESCE(text, (SELECT value FROM s.StringIds WHERE id = textId)) = 'sglang_mmtrace'))",
-        (DOMAIN_CREATE, PUSH_POP, START_END, DOMAIN_CREATE),
+        (DOMAIN_CREATE, PUSH_POP, START_END, MARK, DOMAIN_CREATE),
     )
     lo, hi = db.execute("SELECT MIN(start), MAX(end) FROM NVTX_EVENTS WHERE eventType = ?", (PUSH_POP,)).fetchone()
     db.execute(
