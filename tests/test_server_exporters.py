@@ -693,8 +693,14 @@ def test_promtool_check_metrics(prometheus, scraped):
     # in multiprocess mode then omits the family); every request-driven family is there.
     # the cuda_ipc pool's families exist only with the cuda_ipc transport, which needs CUDA
     no_cuda = {PREFIX + n for n in METRICS if n.startswith("cuda_ipc_pool_")}
-    # unobserved_stages_total has none either while every stage is seen (as here)
-    quiet = {PREFIX + "errors_total", PREFIX + "dropped_total", PREFIX + "unobserved_stages_total"}
+    # unobserved_stages_total has none either while every stage is seen (as here), and window_active
+    # exists only while tracing windows are set
+    quiet = {
+        PREFIX + "errors_total",
+        PREFIX + "dropped_total",
+        PREFIX + "unobserved_stages_total",
+        PREFIX + "window_active",
+    }
     request_driven = contract - quiet - no_cuda
     assert request_driven <= families <= contract, (sorted(families), sorted(contract))
     rc, out = promtool_check_metrics(ours)
