@@ -618,20 +618,20 @@ def notes(result: dict[str, Any], title: str) -> list[str]:
     aa, peer = result.get("aa"), result.get("peer")
     out = [
         f"== {title}: TTFT paired delta, median over rounds in us [bootstrap 95% CI] (share of the off median)",
-        f"   {'kind':<11} {'rounds':>6} {'off median':>11}  {'delta on - off':<30}"
-        + (f"{'A/A off again - off':<30}{'A/A holds 0':>11}" if aa else "")
-        + (f"  {f'SGLang tracing L{PEER_TRACE_LEVEL} - off':<30}{'plugin / SGLang':<18}" if peer else ""),
+        f"   {'kind':<11} {'rounds':>6} {'off median':>11}  {'delta on - off':<30} "
+        + (f"{'A/A off again - off':<30} {'A/A holds 0':>11}" if aa else "")
+        + (f"  {f'SGLang tracing L{PEER_TRACE_LEVEL} - off':<30} {'plugin / SGLang'}" if peer else ""),
     ]
     for kind in KINDS:
         s = result["kinds"].get(kind) or {}
         if not s.get("n_rounds"):
             out.append(f"   {kind:<11} no complete rounds")
             continue
-        row = f"   {kind:<11} {s['n_rounds']:>6} {s['off_median_us'] / 1000:>8.2f} ms  {_us(s, 'delta'):<30}"
+        row = f"   {kind:<11} {s['n_rounds']:>6} {s['off_median_us'] / 1000:>8.2f} ms  {_us(s, 'delta'):<30} "
         if aa:
-            row += f"{_us(s, 'aa'):<30}{'yes' if s['aa_ci_contains_zero'] else 'NO':>11}"
+            row += f"{_us(s, 'aa'):<30} {'yes' if s['aa_ci_contains_zero'] else 'NO':>11}"
         if peer:
-            row += f"  {_us(s, 'peer'):<30}{_over_peer(s):<18}"
+            row += f"  {_us(s, 'peer'):<30} {_over_peer(s)}"
         out.append(row.rstrip())
     if not aa:
         out.append("   no A/A in these rounds: the delta's own noise is unknown")
