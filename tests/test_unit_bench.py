@@ -784,7 +784,11 @@ def test_sglang_trace_peer_arm_runs_with_the_plugin_off_and_sglang_tracing_on(tm
     assert ov["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 36, "off_with_record": 0}
     for s in ov["kinds"].values():
         assert s["n_rounds"] == 4 and s["peer_ci_us"][0] <= s["peer_us"] <= s["peer_ci_us"][1]
-        assert s["peer_target"]["met"] is None and s["peer_target"]["not_judged"] == "4 rounds < 400"
+        # 4 rounds judge nothing (the stand-in's timing may also put the A/A's interval off 0 first)
+        assert s["peer_target"]["met"] is None and s["peer_target"]["not_judged"] in (
+            "4 rounds < 400",
+            "the A/A's interval excludes 0",
+        )
 
 
 def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatch: Any) -> None:

@@ -37,7 +37,7 @@ SGLANG_MMTRACE_JSONL=/tmp/wd/records.jsonl SGLANG_MMTRACE_OTLP_ENDPOINT=http://1
   ${SGLANG_GPU_FLAGS:-} --enable-metrics --enable-trace --otlp-traces-endpoint http://127.0.0.1:4319/v1/traces \
   --host 127.0.0.1 --port 30000 > "$out/server.log" 2>&1 &
 srv=$!
-stop() { kill "$sink" 2>/dev/null; kill -- -"$srv" 2>/dev/null; sleep 2; tail -60 "$out/server.log" > "$out/server_tail.log"; rm -f "$out/server.log"; }
+stop() { kill -- -"$srv" 2>/dev/null; sleep 2; kill "$sink" 2>/dev/null; tail -60 "$out/server.log" > "$out/server_tail.log"; rm -f "$out/server.log"; }
 for _ in $(seq 1 240); do curl -sf http://127.0.0.1:30000/health > /dev/null && break; kill -0 "$srv" 2>/dev/null || break; sleep 1; done
 curl -sf http://127.0.0.1:30000/health > /dev/null || { log "server not healthy"; stop; exit 4; }
 log "server healthy; bench until +$((end - t0)) s"
