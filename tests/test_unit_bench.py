@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -200,19 +201,23 @@ def test_control_arm_rotates_so_each_pair_leads_equally_often() -> None:
     assert len(set(texts)) == len(texts)  # the control's prompts are new to the server too
 
 
-def _same_instance_lines(rounds: int, cost_us: dict[str, float], arms: tuple[str, ...]) -> list[dict[str, Any]]:
+def _same_instance_lines(
+    rounds: int, cost_us: dict[str, float], arms: tuple[str, ...], peer_cost_us: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
     """Synthetic same-instance rounds: per round one base TTFT (drift shared by the round's arms,
-    which pairing cancels), 'on' that plus the kind's cost, 'ctl' the base again (a true A/A of 0);
-    every arm adds the same small independent noise."""
+    which pairing cancels), 'on' that plus the kind's cost, 'sglang' (the peer arm) plus the kind's
+    ``peer_cost_us``, 'ctl' the base again (a true A/A of 0); every arm adds the same small
+    independent noise."""
+    extra = {"on": cost_us, overhead.PEER: peer_cost_us or {}}
     rng = np.random.default_rng(1)
     lines = []
     for r in range(rounds):
         for kind in overhead.KINDS:
             base = {"new_image": 0.030, "same_image": 0.025, "text": 0.015}[kind] * rng.lognormal(0, 0.1)
             for arm in arms:
-                t = base + (cost_us[kind] * 1e-6 if arm == "on" else 0.0) + rng.normal(0, 5e-6)
+                t = base + extra.get(arm, {}).get(kind, 0.0) * 1e-6 + rng.normal(0, 5e-6)
                 ln = _line(kind, arm, r, t)
-                ln["bench"]["order"] = overhead.arm_order(r, control=True).index(arm)
+                ln["bench"]["order"] = overhead.arm_order(r, "ctl" in arms, overhead.PEER in arms).index(arm)
                 lines.append(ln)
     return lines
 
@@ -300,6 +305,93 @@ def test_overhead_notes_are_a_table_with_a_verdict_per_kind() -> None:
     no_aa = overhead.notes(overhead.summary(_same_instance_lines(20, cost, ("off", "on"))), "t")
     assert "A/A" not in no_aa[1] and "no A/A in these rounds: the delta's own noise is unknown" in no_aa[5]
     assert no_aa[7] == "   verdict new_image   not judged (no A/A)"
+
+
+def test_four_arms_rotate_so_each_holds_each_position_and_each_pair_leads_equally() -> None:
+    wl = overhead.Workload(seed=3, nonce="n", size=(32, 24))
+    plan = overhead.paired_plan("overhead", rounds=8, warmup_rounds=0, workload=wl, control=True, peer=True)
+    assert len(plan) == 8 * 3 * 4
+    order = {}
+    for r in range(8):
+        rnd = [p for p in plan if p.round == r and p.extra["kind"] == "same_image"]
+        order[r] = [p.extra["arm"] for p in rnd]
+        assert sorted(order[r]) == sorted(["on", "off", "ctl", "sglang"])
+        assert all(p.extra["expect_record"] == (p.extra["arm"] == "on") for p in rnd)
+    for arm in order[0]:
+        assert Counter(order[r].index(arm) for r in range(8)) == {0: 2, 1: 2, 2: 2, 3: 2}, arm
+    for a, b in itertools.combinations(order[0], 2):
+        assert sum(order[r].index(a) < order[r].index(b) for r in range(8)) == 4, (a, b)
+    # the peer without the A/A: three arms, rotating like on/off/ctl
+    assert [overhead.arm_order(r, peer=True) for r in range(2)] == [("on", "off", "sglang"), ("off", "on", "sglang")]
+
+
+def test_peer_arm_gives_sglang_tracing_cost_and_the_plugins_share_of_it() -> None:
+    cost = {"new_image": 300.0, "same_image": 200.0, "text": 60.0}
+    peer = {"new_image": 1000.0, "same_image": 300.0, "text": 240.0}  # ratios 0.3, 0.67, 0.25
+    res = overhead.summary(_same_instance_lines(400, cost, ("off", "on", "ctl", "sglang"), peer))
+    assert res["aa"] is True and res["peer"] is True
+    assert res["records"] == {"on_ok": 1200, "on_with_record": 1200, "off_ok": 3600, "off_with_record": 0}
+    for kind in overhead.KINDS:
+        s = res["kinds"][kind]
+        want = cost[kind] / peer[kind]
+        assert abs(s["delta_us"] - cost[kind]) < 1.5 and abs(s["peer_us"] - peer[kind]) < 1.5
+        assert s["peer_ci_us"][0] <= peer[kind] <= s["peer_ci_us"][1]
+        assert abs(s["peer_share_of_off"] - s["peer_us"] / s["off_median_us"]) < 1e-5
+        assert abs(s["plugin_over_peer"] - want) < 0.01
+        lo, hi = s["plugin_over_peer_ci"]
+        assert lo <= s["plugin_over_peer"] <= hi and hi - lo < 0.05
+        assert s["peer_target"]["ratio_max"] == overhead.TARGET_PEER_RATIO == 0.5
+    verdicts = {k: (v["peer_target"]["met"], v["peer_target"]["not_judged"]) for k, v in res["kinds"].items()}
+    assert verdicts == {"new_image": (True, None), "same_image": (False, None), "text": (True, None)}
+    assert set(json.loads(json.dumps(res))["kinds"]["text"]) == {
+        "n_rounds", "off_median_us", "on_median_us", "delta_us", "delta_ci_us", "delta_share_of_off",
+        "delta_share_ci", "aa_us", "aa_ci_us", "aa_share_of_off", "aa_share_ci", "aa_ci_contains_zero", "target",
+        "peer_us", "peer_ci_us", "peer_share_of_off", "peer_share_ci", "plugin_over_peer", "plugin_over_peer_ci",
+        "peer_target",
+    }  # fmt: skip
+    # SGLang's tracing costing nothing measurable: no ratio is judged; nor without the A/A, or in a short run
+    free = overhead.summary(_same_instance_lines(400, cost, ("off", "on", "ctl", "sglang"), {}))["kinds"]["text"]
+    assert free["peer_ci_us"][0] <= 0 <= free["peer_ci_us"][1] and free["peer_target"]["met"] is None
+    assert free["peer_target"]["not_judged"] == "SGLang's tracing cost is not resolved (its interval reaches 0)"
+    no_aa = overhead.summary(_same_instance_lines(400, cost, ("off", "on", "sglang"), peer))["kinds"]["text"]
+    assert "aa_us" not in no_aa and no_aa["peer_target"]["not_judged"] == "no A/A"
+    assert abs(no_aa["plugin_over_peer"] - 0.25) < 0.01
+    lines = _same_instance_lines(50, cost, ("off", "on", "ctl", "sglang"), peer)
+    off = {
+        (ln["bench"]["kind"], ln["bench"]["round"]): ln["bench"]["client_ttft_s"]
+        for ln in lines
+        if ln["bench"]["arm"] == "off"
+    }
+    for ln in lines:  # an A/A of exactly 0, so that only the run's length stands in the way
+        if ln["bench"]["arm"] == "ctl":
+            ln["bench"]["client_ttft_s"] = off[(ln["bench"]["kind"], ln["bench"]["round"])]
+    assert overhead.summary(lines)["kinds"]["text"]["peer_target"]["not_judged"] == "50 rounds < 400"
+    # a round without its peer arm drops out of every figure
+    lines = _same_instance_lines(10, cost, ("off", "on", "ctl", "sglang"), peer)
+    lines = [ln for ln in lines if not (ln["bench"]["arm"] == "sglang" and ln["bench"]["round"] == 3)]
+    assert overhead.summary(lines)["kinds"]["text"]["n_rounds"] == 9
+
+
+def test_overhead_notes_with_the_peer_arm_add_its_columns_and_verdicts() -> None:
+    cost = {"new_image": 300.0, "same_image": 200.0, "text": 60.0}
+    peer = {"new_image": 1000.0, "same_image": 300.0, "text": 240.0}
+    res = overhead.summary(_same_instance_lines(400, cost, ("off", "on", "ctl", "sglang"), peer))
+    text = overhead.notes(res, "t")
+    assert "SGLang tracing L3 - off" in text[1] and text[1].rstrip().endswith("plugin / SGLang")
+    for row in text[2:5]:
+        kind = row.split()[0]
+        s = res["kinds"][kind]
+        lo, hi = s["plugin_over_peer_ci"]
+        assert row.endswith(f"{s['plugin_over_peer']:.2f} [{lo:.2f}, {hi:.2f}]")
+        assert f"{s['peer_us']:+.0f} [{s['peer_ci_us'][0]:+.0f}, {s['peer_ci_us'][1]:+.0f}]" in row
+    i = text.index("   target: plugin delta / SGLang tracing's (level 3) <= 0.50, same rounds, SGLang's cost resolved")
+    r = {k: f"{res['kinds'][k]['plugin_over_peer']:.2f}" for k in overhead.KINDS}
+    assert text[i + 1 : i + 4] == [
+        f"   verdict new_image   plugin / SGLang {r['new_image']} <= 0.50: met",
+        f"   verdict same_image  plugin / SGLang {r['same_image']} > 0.50: not met",
+        f"   verdict text        plugin / SGLang {r['text']} <= 0.50: met",
+    ]
+    assert text[-1] == "   records: 1200/1200 'on' requests, 0/3600 'off' requests"
 
 
 def test_ablation_plan_covers_every_level_once_per_round_in_a_seeded_order() -> None:
@@ -492,7 +584,9 @@ def test_procs_find_this_process_by_its_listening_port() -> None:
 class FakeSwitchServer:
     """A stand-in with the switch's HTTP contract and a streaming chat endpoint: it builds a record
     (counted in ``/mmtrace/state`` api.records) for a request that arrives while on with ``records``,
-    and writes it (rid = the response id) to ``records`` with ``jsonl`` too."""
+    and writes it (rid = the response id) to ``records`` with ``jsonl`` too. It also takes SGLang's
+    ``GET /set_trace_level?level=N`` and notes, per answered rid, the plugin's switch and SGLang's
+    trace level it ran under (``seen``)."""
 
     def __init__(self, records: Path) -> None:
         import http.server
@@ -504,6 +598,9 @@ class FakeSwitchServer:
         self.info: dict[str, dict[str, Any]] = {}  # GET path -> body, e.g. the server info's device
         self.n = 0
         self.written = 0
+        self.trace_level = 3  # SGLang's default with --enable-trace
+        self.trace_level_calls: list[int] = []
+        self.seen: dict[str, tuple[bool, int]] = {}  # rid -> (plugin switch on, SGLang trace level)
         self.lock = threading.Lock()
         fake = self
 
@@ -517,6 +614,12 @@ class FakeSwitchServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802
+                if self.path.startswith("/set_trace_level?level="):
+                    with fake.lock:
+                        fake.trace_level = int(self.path.rpartition("=")[2])
+                        fake.trace_level_calls.append(fake.trace_level)
+                    self._json(200, "success")
+                    return
                 if self.path in fake.info:
                     self._json(200, fake.info[self.path])
                     return
@@ -545,6 +648,7 @@ class FakeSwitchServer:
                     rid = f"{fake.n}-{uuid.uuid4().hex}"  # unique across servers, like SGLang's
                     built = fake.switch["on"] and "records" in fake.switch["parts"]
                     traced = built and "jsonl" in fake.switch["parts"]
+                    fake.seen[rid] = (fake.switch["on"], fake.trace_level)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
@@ -644,6 +748,47 @@ def test_switch_experiments_against_a_stand_in_server(tmp_path: Path) -> None:
     assert tp["processes"]["api"] == [os.getpid()]
     # every body the bench sent was valid for the contract: on + parts, or off
     assert all(set(b) in ({"on"}, {"on", "parts"}) for b in fake.posts)
+
+
+def test_sglang_trace_peer_arm_runs_with_the_plugin_off_and_sglang_tracing_on(tmp_path: Path) -> None:
+    """With ``peer`` the overhead experiment's fourth arm reaches the server with the plugin's switch
+    off and SGLang's trace level at 3, every other arm with level 0 (the level sent only when it
+    changes), and SGLang's level is left at 3 (its default) at the end. SGLang's tracing cannot run
+    here, so the stand-in server takes its route; the result's keys are the real analysis's."""
+    from sglang_mmtrace.bench import driver
+    from sglang_mmtrace.bench.targets import Target
+
+    records = tmp_path / "records.jsonl"
+    records.touch()
+    fake = FakeSwitchServer(records)
+    try:
+        opts = Options(n=4, warmup=1, size=(32, 24), seed=9, max_tokens=2, timeout=10, gap_s=0.0, peer=True)
+        st = driver.Settings(experiments=[], opts=opts, records_timeout=5.0)
+        out = driver.Outcome()
+        driver.run_switched(Target("fake", fake.url, records, pid=os.getpid()), "overhead", st, out)
+    finally:
+        fake.close()
+    lines = out.lines
+    assert len(lines) == 4 * 3 * 4 and all(ln["bench"]["ok"] for ln in lines)
+    for ln in lines:
+        arm = ln["bench"]["arm"]
+        assert fake.seen[ln["rid"]] == (arm == "on", 3 if arm == overhead.PEER else 0), arm
+        assert ln["bench"]["trace_level"] == (3 if arm == overhead.PEER else 0)
+        if arm == overhead.PEER:
+            assert ln["bench"]["variant"] == f"{ln['bench']['kind']}: plugin off, SGLang tracing at level 3"
+    sent, restore = fake.trace_level_calls[:-1], fake.trace_level_calls[-1]
+    assert all(a != b for a, b in zip(sent, sent[1:], strict=False))  # sent only when the level changes
+    assert sent[0] == 0 and restore == 3 == fake.trace_level  # the end: SGLang's default again
+    ov = out.results["overhead"]
+    assert ov["aa"] is True and ov["peer"] is True
+    assert ov["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 36, "off_with_record": 0}
+    for s in ov["kinds"].values():
+        assert s["n_rounds"] == 4 and s["peer_ci_us"][0] <= s["peer_us"] <= s["peer_ci_us"][1]
+        # 4 rounds judge nothing (the stand-in's timing may also put the A/A's interval off 0 first)
+        assert s["peer_target"]["met"] is None and s["peer_target"]["not_judged"] in (
+            "4 rounds < 400",
+            "the A/A's interval excludes 0",
+        )
 
 
 def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatch: Any) -> None:

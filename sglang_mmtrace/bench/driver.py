@@ -28,7 +28,7 @@ from .client import host_port
 from .procs import pid_listening_on
 from .records import RecordsTail
 from .runner import Sent, run_concurrent, run_sequential, to_lines, wait_idle
-from .switchctl import Flipper
+from .switchctl import Flipper, set_trace_level
 from .targets import LaunchConfig, Target, default_config, launched, make_server, server_on_gpu
 
 
@@ -120,8 +120,8 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
     result: dict[str, Any] = {}
     try:
         if name == "overhead":
-            plan = oh.paired_plan(name, n, opts.warmup, workload, control=opts.control)
-            arms = "on/off/off (A/A control)" if opts.control else "on/off"
+            plan = oh.paired_plan(name, n, opts.warmup, workload, control=opts.control, peer=opts.peer)
+            arms = "on/off" + ("/off (A/A control)" if opts.control else "") + ("/SGLang tracing" if opts.peer else "")
             log(
                 f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {arms}, switch flipped per request"
             )
@@ -135,10 +135,13 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
             pid = target.pid or st.server_pid or pid_listening_on(host_port(target.base_url)[1])
             result = tp.run_throughput(target.base_url, flipper, opts, pid)
         if plan:
-            route = oh.switch_route(flipper, gap_s=opts.gap_s, keep_records=opts.keep_records)
+            peer = name == "overhead" and opts.peer
+            route = oh.switch_route(flipper, gap_s=opts.gap_s, keep_records=opts.keep_records, peer=peer)
             sent = run_sequential(target, plan, opts, name, route=route, max_failures=max(5, len(plan) // 20))
     finally:
         flipper.restore()
+        if name == "overhead" and opts.peer:  # SGLang's tracing back at its default level
+            set_trace_level(target.base_url, oh.PEER_TRACE_LEVEL)
     if name == "throughput":
         out.notes += tp.notes(result)
     else:

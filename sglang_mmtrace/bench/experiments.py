@@ -76,6 +76,9 @@ class Options:
     gap_s: float = 0.1  # overhead / ablation: idle gap between a response's end and the next request
     keep_records: bool = False  # overhead / ablation: after a request with records on, wait until its record is built
     control: bool = True  # overhead: also the same-instance A/A control arm (a second 'off' request per round and kind)
+    peer: bool = (
+        False  # overhead: also SGLang's own tracing as an arm (plugin off, its trace level flipped per request)
+    )
     ablation_parts: tuple[str, ...] = PARTS  # ablation levels in order; "a+b" adds a group of parts at one level
     launches: int = 2  # overhead-crossover: launches per orientation (A/B unless ab is False, A/A unless aa is)
     ab: bool = True  # overhead-crossover: the A/B launches (one server SGLANG_MMTRACE=1, one =0)

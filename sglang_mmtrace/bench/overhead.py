@@ -19,7 +19,10 @@ Plan (``paired_plan``): per round, for each kind (``new_image``: a new 640x480 J
 arm, the leading arm alternating strictly by round (even rounds: on first). Untimed warm-up rounds
 come first. With ``control`` each round also sends a third request per kind, ``ctl``, with the
 plugin off like ``off``: the A/A control on the same instance (the three arms' order rotates by
-round).
+round). With ``peer`` each round also sends a request per kind with the plugin off and SGLang's own
+tracing on (``sglang``: a server started with ``--enable-trace``, its level set per request with
+``GET /set_trace_level``, ``PEER_TRACE_LEVEL`` for this arm and 0 for the others), so the plugin's
+cost is set against the cost of the tracing SGLang ships, in the same rounds on the same instance.
 
 Analysis of the same-instance run (``summary``): per kind, over the rounds in which every arm
 answered, the paired delta: the median over rounds of TTFT(on) - TTFT(off) in microseconds with a
@@ -29,6 +32,10 @@ stated in µs; the A/A is the method's own noise: a cost is resolved only where 
 holds 0. Each kind is judged against ``TARGET_DELTA_US`` (``target_verdict``). The two-server
 crossover keeps the ratio of medians (``ratio_summary``): there the estimator is the geometric mean
 of the orientations' ratios, which cancels a server-position effect that scales with TTFT.
+With the peer arm each kind also gets SGLang's tracing cost, TTFT(sglang) - TTFT(off), and the
+ratio of the plugin's delta to it with a bootstrap interval resampling rounds (both deltas from the
+same rounds), judged against ``TARGET_PEER_RATIO`` (``peer_verdict``): absolute costs move with the
+host, their ratio on one instance does not.
 """
 
 from __future__ import annotations
@@ -53,18 +60,25 @@ from .procs import cpu_seconds, rss_mb
 from .records import RecordsTail
 from .runner import run_sequential, to_lines
 from .stats import bootstrap_median_ci, geomean_ratio_ci, paired_ratio_ci
-from .switchctl import PARTS, Flipper
+from .switchctl import PARTS, Flipper, set_trace_level
 
 KINDS = ("new_image", "same_image", "text")
 QUESTION = "Describe this image in one word."
 MAX_TOKENS = 8
 ARMS = ("off", "on")
 CONTROL = "ctl"  # the same-instance A/A control's second 'off' arm
+PEER = "sglang"  # the plugin off, SGLang's own tracing on (a server started with --enable-trace)
+ALL_ARMS = (*ARMS, CONTROL, PEER)
+PEER_TRACE_LEVEL = 3  # SGLang's default trace level (SGLANG_TRACE_LEVEL unset)
 ORIENTATIONS = ("on-first", "off-first")  # which arm's server was started first
 # The paired delta's targets per kind, in µs (issue 43; set for a GPU with the tiny Qwen3-VL): a point
 # estimate, judged only with the A/A of the same rounds holding 0 and at least TARGET_ROUNDS rounds.
 TARGET_DELTA_US = {"new_image": 200.0, "same_image": 150.0, "text": 80.0}
 TARGET_ROUNDS = OVERHEAD_ROUNDS_GPU
+# The plugin's paired delta over SGLang's own tracing's (level PEER_TRACE_LEVEL) in the same rounds,
+# per kind (issue 43: the plugin at most half of SGLang's tracing); a point estimate, judged with the
+# same A/A and rounds conditions and only where SGLang's tracing cost is resolved (its interval above 0).
+TARGET_PEER_RATIO = 0.5
 
 
 class Workload:
@@ -94,14 +108,32 @@ def workload_for(opts: Options, experiment: str) -> Workload:
     return Workload(opts.seed, opts.nonce, opts.size_for(experiment))
 
 
-def arm_order(round_no: int, control: bool = False) -> tuple[str, ...]:
+def arm_order(round_no: int, control: bool = False, peer: bool = False) -> tuple[str, ...]:
     """The leading arm alternates strictly by round: even rounds on first, odd rounds off first. With
-    the control arm the three arms rotate, so each pair's arms lead equally often over six rounds."""
-    if control:
-        arms = ("on", "off", CONTROL) if round_no % 2 == 0 else ("off", "on", CONTROL)
+    a third arm (the control, or the peer) the three arms rotate, so each pair's arms lead equally
+    often over six rounds. With both, the four arms rotate, in reverse order every other block of
+    four rounds: over eight rounds each arm holds each position twice and each pair's arms lead
+    equally often."""
+    extra = tuple(a for a, wanted in ((CONTROL, control), (PEER, peer)) if wanted)
+    if len(extra) == 2:
+        arms: tuple[str, ...] = ("on", "off", *extra)
+        if (round_no // 4) % 2:
+            arms = arms[::-1]
+        k = round_no % 4
+        return arms[k:] + arms[:k]
+    if extra:
+        arms = ("on", "off", *extra) if round_no % 2 == 0 else ("off", "on", *extra)
         k = (round_no // 2) % 3
         return arms[k:] + arms[:k]
     return ("on", "off") if round_no % 2 == 0 else ("off", "on")
+
+
+def arm_label(arm: str) -> str:
+    if arm == CONTROL:
+        return "plugin off (A/A control)"
+    if arm == PEER:
+        return f"plugin off, SGLang tracing at level {PEER_TRACE_LEVEL}"
+    return f"plugin {arm}"
 
 
 def paired_plan(
@@ -112,20 +144,21 @@ def paired_plan(
     extra: dict[str, Any] | None = None,
     slot_tag: str = "",
     control: bool = False,
+    peer: bool = False,
 ) -> list[Planned]:
     """Warm-up rounds (round < 0, excluded), then ``rounds`` rounds: each kind, both arms (and the
-    ``control`` arm), in ``arm_order``. ``extra`` goes into every request (launch, orientation, ...);
+    ``control`` and ``peer`` arms), in ``arm_order``. ``extra`` goes into every request (launch, orientation, ...);
     an 'off' request expects no record, an 'on' request one (``extra`` may override ``expect_record``)."""
     plan = []
     for r in range(-warmup_rounds, rounds):
         for kind in KINDS:
-            for pos, arm in enumerate(arm_order(r, control)):
+            for pos, arm in enumerate(arm_order(r, control, peer)):
                 info = {"kind": kind, "arm": arm, "order": pos, "expect_record": arm == "on", **(extra or {})}
                 plan.append(
                     Planned(
                         experiment,
-                        f"{kind}: plugin {'off (A/A control)' if arm == CONTROL else arm}",
-                        (*ARMS, CONTROL).index(arm),
+                        f"{kind}: {arm_label(arm)}",
+                        ALL_ARMS.index(arm),
                         kind,
                         workload.messages(kind, r, f"{arm}{slot_tag}"),
                         r,
@@ -146,15 +179,20 @@ def builds_record(p: Planned) -> bool:
 
 
 def switch_route(
-    flipper: Flipper, gap_s: float = 0.0, keep_records: bool = False, parts: tuple[str, ...] = PARTS
+    flipper: Flipper,
+    gap_s: float = 0.0,
+    keep_records: bool = False,
+    parts: tuple[str, ...] = PARTS,
+    peer: bool = False,
 ) -> Callable[[Planned], str]:
     """Before each request, outside the timed region: with ``keep_records``, if the previous request
     ran with records on, wait until the plugin has built its record (so its record-building does not
     overlap the next request, of either arm; a record is kept anyway: the plugin builds it under the
     setting of the generation the request ran in). Then set the switch for this request's arm
-    (``extra["parts"]`` for an ablation level) and wait until ``gap_s`` has passed since the
-    previous response ended, so every request, whatever its arm, starts after the same idle gap.
-    Keeps the switch's generation in ``extra``."""
+    (``extra["parts"]`` for an ablation level); with ``peer`` also SGLang's trace level
+    (``PEER_TRACE_LEVEL`` for the peer arm, 0 for the others; sent only when it changes). Then wait
+    until ``gap_s`` has passed since the previous response ended, so every request, whatever its arm,
+    starts after the same idle gap. Keeps the switch's generation (and the trace level) in ``extra``."""
     prev: dict[str, Any] = {}
 
     def route(p: Planned) -> str:
@@ -164,6 +202,12 @@ def switch_route(
         on = p.extra["arm"] == "on"
         answer = flipper.set(tuple(p.extra.get("parts") or parts) if on else None)
         p.extra["generation"] = answer.get("generation")
+        if peer:
+            level = PEER_TRACE_LEVEL if p.extra["arm"] == PEER else 0
+            if prev.get("trace_level") != level:
+                set_trace_level(flipper.base_url, level)
+                prev["trace_level"] = level
+            p.extra["trace_level"] = level
         prev["records_before"] = flipper.records() if keep_records and builds_record(p) else None
         time.sleep(max(0.0, t_prev_end + gap_s - time.monotonic()))
         return flipper.base_url
@@ -380,18 +424,24 @@ def _effect(name: str, d_us: np.ndarray, off_median_us: float) -> tuple[dict[str
     }, lo <= 0 <= hi
 
 
+def _unjudged(s: dict[str, Any]) -> str | None:
+    """Why the run cannot judge a target on ``s`` (a ``paired_delta`` result), or None: no A/A, an
+    A/A whose interval excludes 0 (the method's noise is not under control), or fewer than
+    ``TARGET_ROUNDS`` rounds."""
+    if "aa_us" not in s:
+        return "no A/A"
+    if not s["aa_ci_contains_zero"]:
+        return "the A/A's interval excludes 0"
+    if s["n_rounds"] < TARGET_ROUNDS:
+        return f"{s['n_rounds']} rounds < {TARGET_ROUNDS}"
+    return None
+
+
 def target_verdict(kind: str, s: dict[str, Any]) -> dict[str, Any]:
     """``s`` (a ``paired_delta`` result) against ``TARGET_DELTA_US[kind]``: ``met`` is None, with the
-    reason in ``not_judged``, where the run cannot judge it: no A/A, an A/A whose interval excludes 0
-    (the method's noise is not under control), or fewer than ``TARGET_ROUNDS`` rounds."""
+    reason in ``not_judged``, where the run cannot judge it (``_unjudged``)."""
     limit = TARGET_DELTA_US[kind]
-    why = None
-    if "aa_us" not in s:
-        why = "no A/A"
-    elif not s["aa_ci_contains_zero"]:
-        why = "the A/A's interval excludes 0"
-    elif s["n_rounds"] < TARGET_ROUNDS:
-        why = f"{s['n_rounds']} rounds < {TARGET_ROUNDS}"
+    why = _unjudged(s)
     return {
         "delta_max_us": limit,
         "min_rounds": TARGET_ROUNDS,
@@ -400,12 +450,30 @@ def target_verdict(kind: str, s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def paired_delta(lines: Iterable[dict[str, Any]], kind: str, control: bool) -> dict[str, Any]:
+def peer_verdict(s: dict[str, Any]) -> dict[str, Any]:
+    """``s`` (a ``paired_delta`` result with the peer arm) against ``TARGET_PEER_RATIO``: ``met`` is
+    None, with the reason in ``not_judged``, where the run cannot judge it (``_unjudged``, or SGLang's
+    tracing cost not resolved: a ratio to a cost whose interval reaches 0 means nothing)."""
+    why = _unjudged(s)
+    if why is None and s["peer_ci_us"][0] <= 0:
+        why = "SGLang's tracing cost is not resolved (its interval reaches 0)"
+    return {
+        "ratio_max": TARGET_PEER_RATIO,
+        "min_rounds": TARGET_ROUNDS,
+        "met": None if why else bool(s["plugin_over_peer"] <= TARGET_PEER_RATIO),
+        "not_judged": why,
+    }
+
+
+def paired_delta(lines: Iterable[dict[str, Any]], kind: str, control: bool, peer: bool = False) -> dict[str, Any]:
     """One kind of a same-instance run, over the rounds in which every arm answered (with
-    ``control`` the A/A's arm too, so the delta and the A/A come from the same rounds): the off and on
-    medians, the paired delta on - off (``delta_*``), with ``control`` the A/A ctl - off (``aa_*``)
-    and whether its interval holds 0, and the target's verdict. Times in µs."""
-    arms = (*ARMS, CONTROL) if control else ARMS
+    ``control`` the A/A's arm too, and with ``peer`` SGLang's tracing's, so every figure comes from
+    the same rounds): the off and on medians, the paired delta on - off (``delta_*``), with
+    ``control`` the A/A ctl - off (``aa_*``) and whether its interval holds 0, with ``peer`` SGLang's
+    tracing cost sglang - off (``peer_*``) and the ratio of the two deltas' medians
+    (``plugin_over_peer``, bootstrap interval over rounds) with its verdict (``peer_target``), and the
+    target's verdict. Times in µs."""
+    arms = (*ARMS, *((CONTROL,) if control else ()), *((PEER,) if peer else ()))
     rows = rounds(lines, kind, arms)
     if not rows:
         return {"n_rounds": 0}
@@ -422,6 +490,12 @@ def paired_delta(lines: Iterable[dict[str, Any]], kind: str, control: bool) -> d
         aa, holds_zero = _effect("aa", us[CONTROL] - us["off"], off)
         out.update(aa, aa_ci_contains_zero=holds_zero)
     out["target"] = target_verdict(kind, out)
+    if peer:
+        peer_d = us[PEER] - us["off"]
+        effect, _ = _effect("peer", peer_d, off)
+        ratio, lo, hi = paired_ratio_ci(peer_d, us["on"] - us["off"])
+        out.update(effect, plugin_over_peer=round(ratio, 3), plugin_over_peer_ci=[round(lo, 3), round(hi, 3)])
+        out["peer_target"] = peer_verdict(out)
     return out
 
 
@@ -430,8 +504,8 @@ def record_check(lines: Iterable[dict[str, Any]]) -> dict[str, int]:
     out = {"on_ok": 0, "on_with_record": 0, "off_ok": 0, "off_with_record": 0}
     for ln in lines:
         b = ln["bench"]
-        if b["ok"] and b.get("arm") in (*ARMS, CONTROL):
-            arm = "off" if b["arm"] == CONTROL else b["arm"]
+        if b["ok"] and b.get("arm") in ALL_ARMS:
+            arm = "on" if b["arm"] == "on" else "off"
             out[f"{arm}_ok"] += 1
             out[f"{arm}_with_record"] += bool(b["record"])
     return out
@@ -457,11 +531,15 @@ def plugin_vs_client(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """The same-instance result: per kind ``paired_delta`` (with the A/A where the lines hold a
-    control arm: ``aa``), the record check, and the plugin's TTFT next to the client's."""
+    control arm: ``aa``; with SGLang's tracing where they hold the peer arm: ``peer``), the record
+    check (the peer arm counts as off: the plugin is off there), and the plugin's TTFT next to the
+    client's."""
     control = any(ln["bench"].get("arm") == CONTROL for ln in lines)
+    peer = any(ln["bench"].get("arm") == PEER for ln in lines)
     return {
-        "kinds": {kind: paired_delta(lines, kind, control) for kind in KINDS},
+        "kinds": {kind: paired_delta(lines, kind, control, peer) for kind in KINDS},
         "aa": control,
+        "peer": peer,
         "records": record_check(lines),
         "plugin_vs_client": plugin_vs_client(lines),
     }
@@ -521,22 +599,39 @@ def _verdict(kind: str, s: dict[str, Any]) -> str:
     return f"{s['delta_us']:+.0f} us {'<=' if t['met'] else '>'} {t['delta_max_us']:.0f} us: {'met' if t['met'] else 'not met'}"
 
 
+def _peer_verdict(s: dict[str, Any]) -> str:
+    t = s["peer_target"]
+    if t["met"] is None:
+        return f"not judged ({t['not_judged']})"
+    op = "<=" if t["met"] else ">"
+    return f"{s['plugin_over_peer']:.2f} {op} {t['ratio_max']:.2f}: {'met' if t['met'] else 'not met'}"
+
+
+def _over_peer(s: dict[str, Any]) -> str:
+    lo, hi = s["plugin_over_peer_ci"]
+    return f"{s['plugin_over_peer']:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
 def notes(result: dict[str, Any], title: str) -> list[str]:
-    """Terminal lines for a ``summary`` result: a row per kind, then a verdict line per kind."""
-    aa = result.get("aa")
+    """Terminal lines for a ``summary`` result: a row per kind, then a verdict line per kind (and
+    with the peer arm, SGLang's tracing cost, the plugin's share of it and that target's verdicts)."""
+    aa, peer = result.get("aa"), result.get("peer")
     out = [
         f"== {title}: TTFT paired delta, median over rounds in us [bootstrap 95% CI] (share of the off median)",
-        f"   {'kind':<11} {'rounds':>6} {'off median':>11}  {'delta on - off':<30}"
-        + (f"{'A/A off again - off':<30}{'A/A holds 0':>11}" if aa else ""),
+        f"   {'kind':<11} {'rounds':>6} {'off median':>11}  {'delta on - off':<30} "
+        + (f"{'A/A off again - off':<30} {'A/A holds 0':>11}" if aa else "")
+        + (f"  {f'SGLang tracing L{PEER_TRACE_LEVEL} - off':<30} {'plugin / SGLang'}" if peer else ""),
     ]
     for kind in KINDS:
         s = result["kinds"].get(kind) or {}
         if not s.get("n_rounds"):
             out.append(f"   {kind:<11} no complete rounds")
             continue
-        row = f"   {kind:<11} {s['n_rounds']:>6} {s['off_median_us'] / 1000:>8.2f} ms  {_us(s, 'delta'):<30}"
+        row = f"   {kind:<11} {s['n_rounds']:>6} {s['off_median_us'] / 1000:>8.2f} ms  {_us(s, 'delta'):<30} "
         if aa:
-            row += f"{_us(s, 'aa'):<30}{'yes' if s['aa_ci_contains_zero'] else 'NO':>11}"
+            row += f"{_us(s, 'aa'):<30} {'yes' if s['aa_ci_contains_zero'] else 'NO':>11}"
+        if peer:
+            row += f"  {_us(s, 'peer'):<30} {_over_peer(s)}"
         out.append(row.rstrip())
     if not aa:
         out.append("   no A/A in these rounds: the delta's own noise is unknown")
@@ -548,6 +643,15 @@ def notes(result: dict[str, Any], title: str) -> list[str]:
         s = result["kinds"].get(kind) or {}
         if s.get("n_rounds"):
             out.append(f"   verdict {kind:<11} {_verdict(kind, s)}")
+    if peer:
+        out.append(
+            f"   target: plugin delta / SGLang tracing's (level {PEER_TRACE_LEVEL}) <= {TARGET_PEER_RATIO:.2f}, "
+            "same rounds, SGLang's cost resolved"
+        )
+        for kind in KINDS:
+            s = result["kinds"].get(kind) or {}
+            if s.get("n_rounds"):
+                out.append(f"   verdict {kind:<11} plugin / SGLang {_peer_verdict(s)}")
     rc = result.get("records")
     if rc:
         out.append(

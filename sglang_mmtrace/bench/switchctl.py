@@ -24,6 +24,7 @@ from .client import host_port
 
 ENABLED_PATH = "/mmtrace/enabled"
 STATE_PATH = "/mmtrace/state"
+TRACE_LEVEL_PATH = "/set_trace_level"  # SGLang's own: its tracing's level (0: off) for new requests
 
 Level = tuple[str, ...] | None  # None: the switch off; a tuple: on with these parts
 
@@ -81,6 +82,15 @@ def echoes(answer: dict[str, Any], level: Level) -> bool:
         return answer.get("on") is False
     parts = answer.get("parts") or []
     return answer.get("on") is True and len(parts) == len(level) and set(parts) == set(level)
+
+
+def set_trace_level(base_url: str, level: int, timeout: float = 15.0) -> None:
+    """Set SGLang's own tracing level (``GET /set_trace_level?level=N``; 0 turns it off for new
+    requests). SwitchError on anything but a 200: a server without the route, or one whose level
+    cannot be set."""
+    status, answer = http_json(base_url, "GET", f"{TRACE_LEVEL_PATH}?level={int(level)}", timeout=timeout)
+    if status != 200:
+        raise SwitchError(f"GET {TRACE_LEVEL_PATH}?level={level} on {base_url}: HTTP {status} {str(answer)[:300]}")
 
 
 def set_level(base_url: str, level: Level, timeout: float = 15.0) -> dict[str, Any]:

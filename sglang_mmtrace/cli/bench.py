@@ -136,6 +136,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="overhead: no A/A control arm (by default a second plugin-off request per round and kind, reported as "
         "off again - off: the method's own noise); overhead-crossover: skip the A/A launches",
     )
+    s.add_argument(
+        "--sglang-trace-peer",
+        action="store_true",
+        help="overhead: also an arm with the plugin off and SGLang's own tracing at level 3 (its default), set per "
+        "request with GET /set_trace_level (0 for the other arms, 3 again at the end); the server must run with "
+        "--enable-trace. Reports SGLang's tracing cost and the plugin's delta over it per kind",
+    )
     s.add_argument("--deadline", type=float, default=None, help="epoch seconds: stop sending new requests after it")
     p.add_argument("--seed", type=int, default=None, help="image/question seed (default: random per run)")
     p.add_argument(
@@ -232,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         gap_s=args.gap_ms / 1000,
         keep_records=args.keep_records,
         control=not args.no_aa,
+        peer=args.sglang_trace_peer,
         **({"ablation_parts": tuple(args.ablation_groups.split(","))} if args.ablation_groups else {}),
         launches=args.launches,
         aa=not args.no_aa,
