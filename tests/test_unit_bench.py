@@ -249,17 +249,22 @@ def test_summary_gives_the_delta_and_the_aa_of_the_same_rounds_in_us() -> None:
     }  # fmt: skip
 
 
-def test_summary_judges_the_target_only_with_a_zero_aa_and_enough_rounds() -> None:
-    cost = {"new_image": 50.0, "same_image": 50.0, "text": 50.0}
-    lines = _same_instance_lines(60, cost, ("off", "on", "ctl"))
+def _zero_aa(lines: list[dict]) -> None:
+    """Give every ``ctl`` request its round's ``off`` TTFT: an A/A of exactly 0."""
     off = {
         (ln["bench"]["kind"], ln["bench"]["round"]): ln["bench"]["client_ttft_s"]
         for ln in lines
         if ln["bench"]["arm"] == "off"
     }
-    for ln in lines:  # an A/A of exactly 0, so that only the run's length stands in the way
+    for ln in lines:
         if ln["bench"]["arm"] == "ctl":
             ln["bench"]["client_ttft_s"] = off[(ln["bench"]["kind"], ln["bench"]["round"])]
+
+
+def test_summary_judges_the_target_only_with_a_zero_aa_and_enough_rounds() -> None:
+    cost = {"new_image": 50.0, "same_image": 50.0, "text": 50.0}
+    lines = _same_instance_lines(60, cost, ("off", "on", "ctl"))
+    _zero_aa(lines)  # so that only the run's length stands in the way
     few = overhead.summary(lines)["kinds"]["text"]
     assert few["aa_us"] == 0 and few["aa_ci_us"] == [0, 0] and few["aa_ci_contains_zero"]
     assert few["target"] == {"delta_max_us": 80.0, "min_rounds": 400, "met": None, "not_judged": "60 rounds < 400"}
@@ -357,14 +362,7 @@ def test_peer_arm_gives_sglang_tracing_cost_and_the_plugins_share_of_it() -> Non
     assert "aa_us" not in no_aa and no_aa["peer_target"]["not_judged"] == "no A/A"
     assert abs(no_aa["plugin_over_peer"] - 0.25) < 0.01
     lines = _same_instance_lines(50, cost, ("off", "on", "ctl", "sglang"), peer)
-    off = {
-        (ln["bench"]["kind"], ln["bench"]["round"]): ln["bench"]["client_ttft_s"]
-        for ln in lines
-        if ln["bench"]["arm"] == "off"
-    }
-    for ln in lines:  # an A/A of exactly 0, so that only the run's length stands in the way
-        if ln["bench"]["arm"] == "ctl":
-            ln["bench"]["client_ttft_s"] = off[(ln["bench"]["kind"], ln["bench"]["round"])]
+    _zero_aa(lines)  # so that only the run's length stands in the way
     assert overhead.summary(lines)["kinds"]["text"]["peer_target"]["not_judged"] == "50 rounds < 400"
     # a round without its peer arm drops out of every figure
     lines = _same_instance_lines(10, cost, ("off", "on", "ctl", "sglang"), peer)
