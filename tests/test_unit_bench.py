@@ -1077,3 +1077,30 @@ def test_progress_bar_on_a_terminal_only():
     shown = _progress_stderr(tty=True)
     assert "resolution" in shown and "3/3" in shown, shown
     assert _progress_stderr(tty=False) == ""  # logs and CI output stay clean
+
+
+def test_lead_in_groups_each_round_by_arm_after_one_untimed_request_of_that_arm() -> None:
+    wl = overhead.Workload(seed=3, nonce="n", size=(32, 24))
+    plan = overhead.paired_plan(
+        "overhead", rounds=8, warmup_rounds=1, workload=wl, control=True, peer=True, lead_in=True
+    )
+    assert len(plan) == 9 * 4 * (1 + 3)
+    assert all(p.warmup for p in plan if p.round < 0)
+    for r in range(8):
+        rnd = [p for p in plan if p.round == r]
+        order = overhead.arm_order(r, control=True, peer=True)
+        # per arm in the round's order: its lead-in (untimed, a new image), then its timed requests, one per kind
+        assert [(p.extra["arm"], p.extra["kind"], p.warmup) for p in rnd] == [
+            cell for arm in order for cell in [(arm, "new_image", True), *((arm, k, False) for k in overhead.KINDS)]
+        ]
+        assert all(p.extra["order"] == order.index(p.extra["arm"]) for p in rnd)
+        assert all(p.extra["expect_record"] == (p.extra["arm"] == "on") for p in rnd)
+    # every timed request follows one of its own arm (a flip only ever precedes a lead-in)
+    for prev, p in itertools.pairwise(plan):
+        if not p.warmup:
+            assert prev.extra["arm"] == p.extra["arm"]
+    images = [_text(p.messages) for p in plan if p.extra["kind"] == "new_image"]
+    assert len(set(images)) == len(images)  # lead-ins' images are new too
+    # without lead-ins the arms alternate request by request, as before
+    bare = overhead.paired_plan("overhead", rounds=2, warmup_rounds=0, workload=wl, control=True, peer=True)
+    assert len(bare) == 2 * 3 * 4 and not any(p.warmup for p in bare)

@@ -137,6 +137,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "off again - off: the method's own noise); overhead-crossover: skip the A/A launches",
     )
     s.add_argument(
+        "--no-lead-in",
+        action="store_true",
+        help="overhead: no untimed lead-in request after each switch flip (by default each arm's requests of a round "
+        "run together, after one untimed request of that arm, so that every timed request follows one of its own arm: "
+        "a steady state, as a server that is not flipped per request has); with it, the arms alternate request by "
+        "request and each timed request follows another arm's",
+    )
+    s.add_argument(
         "--sglang-trace-peer",
         action="store_true",
         help="overhead: also an arm with the plugin off and SGLang's own tracing at level 3 (its default), set per "
@@ -239,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
         gap_s=args.gap_ms / 1000,
         keep_records=args.keep_records,
         control=not args.no_aa,
+        lead_in=not args.no_lead_in,
         peer=args.sglang_trace_peer,
         **({"ablation_parts": tuple(args.ablation_groups.split(","))} if args.ablation_groups else {}),
         launches=args.launches,
