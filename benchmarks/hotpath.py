@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import functools
 import gc
 import json
 import os
@@ -163,15 +164,16 @@ def interleave(
     after_block: Callable[[], None] | None = None,
     block: int = 256,
 ) -> dict[str, list[float]]:
-    """Time ``plain`` and ``traced`` one sample each per repetition, in random order; ns per unit.
+    """Time one sample of every arm (``plain`` and ``traced``, or more) per repetition, in random order;
+    ns per unit.
 
     With ``COLD`` set (``--cold``) the caches are evicted before every sample (untimed). A sample whose
     stand-in marks its hand-off (``mark_handoff``) also adds the time up to it under ``<arm>@handoff``."""
     rng = random.Random(seed)
-    names = ["plain", "traced"]
-    out: dict[str, list[float]] = {n: [] for n in names}
+    order = list(arms)
+    out: dict[str, list[float]] = {n: [] for n in order}
     for i in range(warmup + reps):
-        order = names if rng.random() < 0.5 else names[::-1]
+        rng.shuffle(order)
         for name in order:
             call = arms[name]()
             if COLD:
@@ -332,6 +334,7 @@ class Done:
 
 IMAGE_TOKENS = 256  # 512x512 on Qwen3-VL
 PROMPT_TOKENS = 300
+MAX_REQ_INPUT_LEN = 32768
 SNAPSHOT = NS(content_digest="sha256:" + "ab" * 32, size_bytes=180_000, source="data_url")
 DECODED = NS(size=(512, 512))
 ARTIFACTS = [NS(content_digest=SNAPSHOT.content_digest)]
@@ -350,7 +353,7 @@ API_HOOKS = (
     "openai_serving.convert",
     "tokenizer_manager.init_req_state",
     "tokenizer_manager.tokenize",
-    "mm_processor.process",
+    "mm_processor_generic.request",
     "mm_processor.load",
     "mm_processor.preprocess_cache",
     "mm_processor.decode",
@@ -360,6 +363,10 @@ API_HOOKS = (
     "tokenizer_manager.batch_output",
 )
 """The API hooks an image request meets, in call order (``--leave-out`` drops each in turn)."""
+API_TEXT_HOOKS = tuple(h for h in API_HOOKS if not h.startswith("mm_processor"))
+"""The API hooks a text request meets (no multimodal processor call)."""
+RECORDLESS = frozenset({"http_server.app", "tokenizer_manager.init_req_state"})
+"""Left out, these leave a request without an exchange or a trace: it makes no record."""
 
 
 def build_api(traced: bool, steps: int, skip: str | None = None) -> Callable[[bool], Callable[[], Any]]:
@@ -423,7 +430,14 @@ def build_api(traced: bool, steps: int, skip: str | None = None) -> Callable[[bo
         async def _tokenize_one_request(self, obj):
             mm = None
             if obj.image_data:
-                await self.mm_processor.process_mm_data_async(obj.image_data, obj.text, obj)
+                # by name, as SGLang calls it (the request hook reads request_obj by name)
+                await self.mm_processor.process_mm_data_async(
+                    image_data=obj.image_data,
+                    audio_data=obj.audio_data,
+                    input_text=obj.text,
+                    request_obj=obj,
+                    max_req_input_len=MAX_REQ_INPUT_LEN,
+                )
                 mm = NS(mm_items=[NS(feature=Tensor(FEATURE_BYTES), offsets=MM_OUTPUT.mm_items[0].offsets)])
             return NS(rid=obj.rid, mm_inputs=mm, time_stats=self.rid_to_state[obj.rid].time_stats)
 
@@ -475,7 +489,7 @@ def build_api(traced: bool, steps: int, skip: str | None = None) -> Callable[[bo
             if hid != skip:
                 wrap_method(Processor, attr, hid, "sync")
         for cls, attr, hid, kind in (
-            (Processor, "process_mm_data_async", "mm_processor.process", "async"),
+            (Processor, "process_mm_data_async", "mm_processor_generic.request", "async"),
             (TokenizerManager, "_init_req_state", "tokenizer_manager.init_req_state", "sync"),
             (TokenizerManager, "_tokenize_one_request", "tokenizer_manager.tokenize", "async"),
             (TokenizerManager, "_send_one_request", "tokenizer_manager.dispatch", "async"),
@@ -513,6 +527,8 @@ def build_api(traced: bool, steps: int, skip: str | None = None) -> Callable[[bo
             rid=r,
             text="<|vision_start|><|image_pad|><|vision_end|>Describe.",
             image_data=["data:..."] if image else None,
+            video_data=None,
+            audio_data=None,
         )
         outputs = [
             NS(
@@ -681,25 +697,27 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
     leave_out_result = None
     if args.leave_out:
 
-        def traced_without(skip: str | None) -> Callable[[], Any]:
+        def traced_without(skip: str | None) -> Callable[[bool], Callable[[], Any]]:
             build = build_api(True, args.steps, skip)
 
-            def sample() -> Callable[[], Any]:
-                call = build(True)
+            def sample(image: bool) -> Callable[[], Any]:
+                call = build(image)
                 pending.append(call.rid)  # type: ignore[attr-defined]
                 return call
 
             return sample
 
         leave_out_result = leave_out(
-            API_HOOKS,
+            {"image_request": API_HOOKS, "text_request": API_TEXT_HOOKS},
             traced_without,
-            lambda: plain(True),
+            plain,
             args,
             flush_remote,
-            "µs per image request up to its first SSE body bytes",
+            "µs per request up to its first SSE body bytes",
         )
-        traced_requests += (len(API_HOOKS) + 1) * (args.reps + args.warmup)
+        # without the middleware or init_req_state a request has no exchange or no trace: no record
+        recorded = [h for h in (None, None, *API_HOOKS, *API_TEXT_HOOKS) if h not in RECORDLESS]
+        traced_requests += len(recorded) * (args.reps + args.warmup)
     deadline = time.time() + 10
     while records_built() - records_before < traced_requests and time.time() < deadline:
         time.sleep(0.2)
@@ -770,7 +788,9 @@ SCHEDULER_HOOKS = (
     "batch_result.prefill",
     "batch_result.stream_output",
 )
-"""The scheduler hooks a prefill meets, in call order (``--leave-out`` drops each in turn)."""
+"""The scheduler hooks an image prefill meets, in call order (``--leave-out`` drops each in turn)."""
+SCHEDULER_TEXT_HOOKS = tuple(h for h in SCHEDULER_HOOKS if not h.startswith("mm_embedding"))
+"""The scheduler hooks a text prefill meets (nothing to embed)."""
 
 
 def build_scheduler(
@@ -1008,12 +1028,12 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
     out = worker_result(results, to_handoff, steps, background, checks)
     if args.leave_out:
         out["leave_out"] = leave_out(
-            SCHEDULER_HOOKS,
-            lambda skip: lambda: build_scheduler(True, skip)[0](True),
-            lambda: plain_prefill(True),
+            {"image_request": SCHEDULER_HOOKS, "text_request": SCHEDULER_TEXT_HOOKS},
+            lambda skip: build_scheduler(True, skip)[0],
+            plain_prefill,
             args,
             collect,
-            "µs per image request up to stream_output",
+            "µs per request up to stream_output",
         )
     if args.switched_off:
         out["switched_off"] = switched_off(
@@ -1023,29 +1043,40 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def leave_out(
-    hook_ids: tuple[str, ...],
-    traced_without: Callable[[str | None], Callable[[], Callable[[], Any]]],
-    plain: Callable[[], Callable[[], Any]],
+    hooks_by_kind: dict[str, tuple[str, ...]],
+    traced_without: Callable[[str | None], Callable[[bool], Callable[[], Any]]],
+    plain: Callable[[bool], Callable[[], Any]],
     args: argparse.Namespace,
     after_block: Callable[[], None],
     unit: str,
-) -> dict[str, Any]:
-    """An image request up to the hand-off with every hook (``none``), then with each of ``hook_ids``
-    left out in turn (``traced_without(hook_id)`` builds that arm), each against the plain arm: what one
-    hooked call costs where it stands. A hook that creates the request's or the batch's state
-    (``match``, ``run_batch``; the API's middleware and ``init_req_state``) takes the later
-    hooks' work with it, so the differences do not add up to the whole."""
-    out: dict[str, Any] = {}
-    for skip in (None, *hook_ids):
-        samples = interleave(
-            {"plain": plain, "traced": traced_without(skip)},
-            args.reps,
-            args.warmup,
-            seed=6,
-            after_block=after_block,
-            block=256,
-        )
-        out[skip or "none"] = summarize(samples, unit, "@handoff")
+) -> dict[str, dict[str, Any]]:
+    """Per request kind (``KINDS``), a request up to the hand-off with every hook (``none``) and with each
+    hook the kind meets left out in turn (``traced_without(hook_id)`` builds that arm), all arms and the
+    plain one interleaved in each repetition. Each arm is summarized against the plain arm; each hook's
+    ``marginal`` is the median over repetitions of ``none`` minus that arm (paired within a repetition,
+    so the machine's drift cancels), with a bootstrap 95% interval: what that one hooked call costs
+    where it stands. A hook that creates the request's or the batch's state (``match``, ``run_batch``;
+    the API's middleware and ``init_req_state``) takes the later hooks' work with it, so the marginals
+    do not add up to the whole."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind, image in KINDS:
+        hook_ids = hooks_by_kind[kind]
+        arms: dict[str, Arm] = {"plain": functools.partial(plain, image)}
+        for skip in (None, *hook_ids):
+            arms[skip or "none"] = functools.partial(traced_without(skip), image)
+        samples = interleave(arms, args.reps, args.warmup, seed=6, after_block=after_block, block=256)
+        base = samples["plain@handoff"]
+        full = np.asarray(samples["none@handoff"]) / 1000.0
+        per_kind: dict[str, Any] = {}
+        for name in ("none", *hook_ids):
+            timed = samples[f"{name}@handoff"]
+            per_kind[name] = summarize({"plain@handoff": base, "traced@handoff": timed}, unit, "@handoff")
+            if name != "none":
+                marginal = full - np.asarray(timed) / 1000.0
+                lo, hi = bootstrap_median_ci(marginal, n_boot=1000)
+                per_kind[name]["marginal_median_us"] = round(float(np.median(marginal)), 3)
+                per_kind[name]["marginal_ci95_us"] = [round(lo, 3), round(hi, 3)]
+        out[kind] = per_kind
     return out
 
 
@@ -1172,11 +1203,27 @@ def table(result: dict[str, Any]) -> str:
         for name, s in body["per_decode_step"].items():
             lines.append(fmt_row(proc, f"per step: {name}", s))
     for proc, body in result["processes"].items():
-        for name, s in body.get("leave_out", {}).items():
-            lines.append(fmt_row(proc, f"image, up to the hand-off, without {name}", s))
+        for kind, arms in body.get("leave_out", {}).items():
+            for name, s in arms.items():
+                lines.append(fmt_row(proc, f"{kind}, up to the hand-off, without {name}", s))
     for proc, body in result["processes"].items():
         for name, s in body.get("switched_off", {}).items():
             lines.append(fmt_row(proc, f"switch off, hooks left in place, up to the hand-off: {name}", s))
+    marginals = [
+        f"| {proc} | {kind} | {name} | **{s['marginal_median_us']:.2f}** "
+        f"[{s['marginal_ci95_us'][0]:.2f}, {s['marginal_ci95_us'][1]:.2f}] |"
+        for proc, body in result["processes"].items()
+        for kind, arms in body.get("leave_out", {}).items()
+        for name, s in arms.items()
+        if "marginal_median_us" in s
+    ]
+    if marginals:
+        lines += [
+            "",
+            "| process | kind | hook left out | marginal µs up to the hand-off, median [95% CI] |",
+            "|---|---|---|---:|",
+            *marginals,
+        ]
     bg = [
         f"- {proc} background thread `{b['thread']}`: {b['cpu_us_per_traced_request']:.2f} µs CPU per traced request "
         f"(idle: {b['idle_cpu_us_per_s']:.0f} µs CPU per s)"
@@ -1201,8 +1248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--leave-out",
         action="store_true",
-        help="api, scheduler: also time an image request up to the hand-off with each hook left out in turn "
-        "(--reps samples each)",
+        help="api, scheduler: also time image and text requests up to the hand-off with each hook left out in "
+        "turn, all arms interleaved (--reps samples each), and each hook's paired marginal cost",
     )
     ap.add_argument(
         "--switched-off",
