@@ -120,8 +120,11 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
     result: dict[str, Any] = {}
     try:
         if name == "overhead":
-            plan = oh.paired_plan(name, n, opts.warmup, workload, control=opts.control, peer=opts.peer)
+            plan = oh.paired_plan(
+                name, n, opts.warmup, workload, control=opts.control, peer=opts.peer, between=opts.between
+            )
             arms = "on/off" + ("/off (A/A control)" if opts.control else "") + ("/SGLang tracing" if opts.peer else "")
+            arms += "/between windows" if opts.between else ""
             log(
                 f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {arms}, switch flipped per request"
             )
