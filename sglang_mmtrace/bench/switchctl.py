@@ -4,7 +4,8 @@ The switch turns the plugin, or only some of its parts, on and off in every SGLa
 running server; the answer comes once each process has applied it (200), or after 5 s with the
 processes that did not confirm (504). The same-instance experiments (``overhead``, ``ablation``,
 ``throughput``) flip it between requests, outside the timed region, so both arms run on the same
-server instance and instance-to-instance noise cancels.
+server instance and instance-to-instance noise cancels. ``set_windows`` hands the switch to tracing
+windows instead (``POST /mmtrace/enabled {"windows": ...}``), for a request served between them.
 
 ``PARTS`` is the plugin's list of parts in stack order (``sglang_mmtrace.switch.PARTS``: each needs
 the ones before it to do anything useful); ``levels()`` turns it into the ablation's cumulative levels L0 (all off) .. L12.
