@@ -434,7 +434,7 @@ def test_overhead_notes_with_the_between_windows_arm_add_its_column_and_verdicts
         _between_as_aa(_same_instance_lines(400, cost, ("off", "on", "ctl", "between"), None, between))
     )
     text = overhead.notes(res, "t")
-    assert "A/A off again - off" in text[1] and text[1].rstrip().endswith("between windows - off")
+    assert "A/A off again - off" in text[1] and text[1].endswith("between windows - off")
     for row in text[2:5]:
         s = res["kinds"][row.split()[0]]
         lo, hi = s["between_ci_us"]

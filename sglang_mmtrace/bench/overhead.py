@@ -664,10 +664,12 @@ def notes(result: dict[str, Any], title: str) -> list[str]:
     aa, peer, between = result.get("aa"), result.get("peer"), result.get("between")
     out = [
         f"== {title}: TTFT paired delta, median over rounds in us [bootstrap 95% CI] (share of the off median)",
-        f"   {'kind':<11} {'rounds':>6} {'off median':>11}  {'delta on - off':<30} "
-        + (f"{'A/A off again - off':<30} {'A/A holds 0':>11}" if aa else "")
-        + (f"  {'between windows - off':<30}" if between else "")
-        + (f"  {f'SGLang tracing L{PEER_TRACE_LEVEL} - off':<30} {'plugin / SGLang'}" if peer else ""),
+        (
+            f"   {'kind':<11} {'rounds':>6} {'off median':>11}  {'delta on - off':<30} "
+            + (f"{'A/A off again - off':<30} {'A/A holds 0':>11}" if aa else "")
+            + (f"  {'between windows - off':<30}" if between else "")
+            + (f"  {f'SGLang tracing L{PEER_TRACE_LEVEL} - off':<30} {'plugin / SGLang'}" if peer else "")
+        ).rstrip(),
     ]
     for kind in KINDS:
         s = result["kinds"].get(kind) or {}
