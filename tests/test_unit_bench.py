@@ -34,12 +34,22 @@ from sglang_mmtrace.bench.stats import (
     paired_ratio_ci,
     ratio_of_means_ci,
 )
-from sglang_mmtrace.bench.switchctl import PARTS, body_for, echoes, levels
+from sglang_mmtrace.bench.switchctl import (
+    BETWEEN_MARGIN_S,
+    PARTS,
+    SwitchError,
+    body_for,
+    closed_windows,
+    echoes,
+    levels,
+    set_windows,
+)
 from sglang_mmtrace.bench.targets import parse_launch, server_on_gpu
 from sglang_mmtrace.cli import bench as bench_cli
 from sglang_mmtrace.cli.bench import parse_size
 from sglang_mmtrace.harness import chat_request
 from sglang_mmtrace.report.analysis import quantile
+from sglang_mmtrace.windows import Schedule
 
 
 def test_parse_launch_env_words_then_args() -> None:
@@ -202,13 +212,17 @@ def test_control_arm_rotates_so_each_pair_leads_equally_often() -> None:
 
 
 def _same_instance_lines(
-    rounds: int, cost_us: dict[str, float], arms: tuple[str, ...], peer_cost_us: dict[str, float] | None = None
+    rounds: int,
+    cost_us: dict[str, float],
+    arms: tuple[str, ...],
+    peer_cost_us: dict[str, float] | None = None,
+    between_cost_us: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Synthetic same-instance rounds: per round one base TTFT (drift shared by the round's arms,
     which pairing cancels), 'on' that plus the kind's cost, 'sglang' (the peer arm) plus the kind's
-    ``peer_cost_us``, 'ctl' the base again (a true A/A of 0); every arm adds the same small
-    independent noise."""
-    extra = {"on": cost_us, overhead.PEER: peer_cost_us or {}}
+    ``peer_cost_us``, 'between' (between tracing windows) plus ``between_cost_us``, 'ctl' the base
+    again (a true A/A of 0); every arm adds the same small independent noise."""
+    extra = {"on": cost_us, overhead.PEER: peer_cost_us or {}, overhead.BETWEEN: between_cost_us or {}}
     rng = np.random.default_rng(1)
     lines = []
     for r in range(rounds):
@@ -217,7 +231,8 @@ def _same_instance_lines(
             for arm in arms:
                 t = base + extra.get(arm, {}).get(kind, 0.0) * 1e-6 + rng.normal(0, 5e-6)
                 ln = _line(kind, arm, r, t)
-                ln["bench"]["order"] = overhead.arm_order(r, "ctl" in arms, overhead.PEER in arms).index(arm)
+                order = overhead.arm_order(r, "ctl" in arms, overhead.PEER in arms, overhead.BETWEEN in arms)
+                ln["bench"]["order"] = order.index(arm)
                 lines.append(ln)
     return lines
 
@@ -328,6 +343,152 @@ def test_four_arms_rotate_so_each_holds_each_position_and_each_pair_leads_equall
         assert sum(order[r].index(a) < order[r].index(b) for r in range(8)) == 4, (a, b)
     # the peer without the A/A: three arms, rotating like on/off/ctl
     assert [overhead.arm_order(r, peer=True) for r in range(2)] == [("on", "off", "sglang"), ("off", "on", "sglang")]
+
+
+@pytest.mark.parametrize(
+    ("control", "peer", "arms"),
+    [(True, False, ("on", "off", "ctl", "between")), (True, True, ("on", "off", "ctl", "sglang", "between"))],
+)
+def test_the_between_windows_arm_rotates_with_the_others(control: bool, peer: bool, arms: tuple[str, ...]) -> None:
+    """n arms, with the between-windows arm last: over 2n rounds each arm holds each position twice and
+    each pair's arms lead equally often (n times each)."""
+    n = len(arms)
+    wl = overhead.Workload(seed=3, nonce="n", size=(32, 24))
+    plan = overhead.paired_plan("overhead", 2 * n, 0, wl, control=control, peer=peer, between=True)
+    assert len(plan) == 2 * n * 3 * n
+    order = {}
+    for r in range(2 * n):
+        rnd = [p for p in plan if p.round == r and p.extra["kind"] == "text"]
+        order[r] = [p.extra["arm"] for p in rnd]
+        assert sorted(order[r]) == sorted(arms) and [p.extra["order"] for p in rnd] == list(range(n))
+        assert all(p.extra["expect_record"] == (p.extra["arm"] == "on") for p in rnd)
+    assert tuple(order[0]) == arms and tuple(order[n]) == arms[::-1]  # forward, then reversed blocks
+    assert tuple(order[1]) == (*arms[1:], arms[0])
+    for arm in arms:
+        assert Counter(order[r].index(arm) for r in range(2 * n)) == dict.fromkeys(range(n), 2), arm
+    for a, b in itertools.combinations(arms, 2):
+        assert sum(order[r].index(a) < order[r].index(b) for r in range(2 * n)) == n, (a, b)
+    between = [p for p in plan if p.extra["arm"] == "between"]
+    assert {p.variant for p in between} == {f"{k}: plugin between tracing windows" for k in overhead.KINDS}
+    assert {p.variant_index for p in between} == {overhead.ALL_ARMS.index("between")} == {4}
+    # without the A/A: three arms, rotating like on/off/ctl
+    assert [overhead.arm_order(r, between=True) for r in range(3)] == [
+        ("on", "off", "between"),
+        ("off", "on", "between"),
+        ("off", "between", "on"),
+    ]
+
+
+def _between_as_aa(lines: list[dict]) -> list[dict]:
+    """Give every 'between' request of a kind the between-windows arm costs nothing for (``text``,
+    ``new_image`` here) its round's ``ctl`` TTFT: between - off then equals the A/A exactly, so it lies
+    in the A/A's interval whatever the noise drew (a free arm's estimate falls outside now and then)."""
+    ctl = {
+        (ln["bench"]["kind"], ln["bench"]["round"]): ln["bench"]["client_ttft_s"]
+        for ln in lines
+        if ln["bench"]["arm"] == "ctl"
+    }
+    for ln in lines:
+        if ln["bench"]["arm"] == "between" and ln["bench"]["kind"] != "same_image":
+            ln["bench"]["client_ttft_s"] = ctl[(ln["bench"]["kind"], ln["bench"]["round"])]
+    return lines
+
+
+def test_between_windows_arm_gives_its_cost_and_whether_it_lies_within_the_aa() -> None:
+    cost = {"new_image": 300.0, "same_image": 200.0, "text": 60.0}
+    between = {"new_image": 0.0, "same_image": 40.0, "text": 0.0}  # same_image: a cost the A/A can tell
+    res = overhead.summary(
+        _between_as_aa(_same_instance_lines(400, cost, ("off", "on", "ctl", "between"), None, between))
+    )
+    assert res["aa"] is True and res["between"] is True and res["peer"] is False
+    # the between-windows requests count as 'off' in the record check: none may have a record
+    assert res["records"] == {"on_ok": 1200, "on_with_record": 1200, "off_ok": 3600, "off_with_record": 0}
+    for kind, want in between.items():
+        s = res["kinds"][kind]
+        assert s["n_rounds"] == 400 and abs(s["delta_us"] - cost[kind]) < 1.5
+        assert abs(s["between_us"] - want) < 1.5 and s["between_ci_us"][0] <= want <= s["between_ci_us"][1]
+        assert abs(s["between_share_of_off"] - s["between_us"] / s["off_median_us"]) < 1e-5
+        assert s["between_share_ci"][0] <= s["between_share_of_off"] <= s["between_share_ci"][1]
+        assert s["aa_ci_contains_zero"]
+    verdicts = {k: v["between_within_aa"] for k, v in res["kinds"].items()}
+    assert verdicts == {"new_image": True, "same_image": False, "text": True}
+    assert set(json.loads(json.dumps(res))["kinds"]["text"]) >= {
+        "between_us", "between_ci_us", "between_share_of_off", "between_share_ci", "between_within_aa",
+    }  # fmt: skip
+    # the definition, on hand-made figures: the point estimate inside the A/A's interval, which holds 0
+    s = {"aa_us": 1.0, "aa_ci_us": [-5.0, 7.0], "aa_ci_contains_zero": True, "between_us": 7.0}
+    assert overhead.between_verdict(s) is True
+    assert overhead.between_verdict({**s, "between_us": 7.1}) is False
+    assert overhead.between_verdict({**s, "between_us": -5.1}) is False
+    off_zero = {**s, "aa_ci_us": [2.0, 9.0], "aa_ci_contains_zero": False, "between_us": 5.0}
+    assert overhead.between_verdict(off_zero) is False  # inside, but the A/A itself is off 0
+    assert overhead.between_verdict({"between_us": 0.0}) is None  # no A/A
+    no_aa = overhead.summary(_same_instance_lines(50, cost, ("off", "on", "between"), None, between))
+    assert no_aa["kinds"]["text"]["between_within_aa"] is None and "aa_us" not in no_aa["kinds"]["text"]
+
+
+def test_overhead_notes_with_the_between_windows_arm_add_its_column_and_verdicts() -> None:
+    cost = {"new_image": 300.0, "same_image": 200.0, "text": 60.0}
+    between = {"new_image": 0.0, "same_image": 40.0, "text": 0.0}
+    res = overhead.summary(
+        _between_as_aa(_same_instance_lines(400, cost, ("off", "on", "ctl", "between"), None, between))
+    )
+    text = overhead.notes(res, "t")
+    assert "A/A off again - off" in text[1] and text[1].endswith("between windows - off")
+    for row in text[2:5]:
+        s = res["kinds"][row.split()[0]]
+        lo, hi = s["between_ci_us"]
+        share = 100 * s["between_share_of_off"]
+        assert row.endswith(f"{s['between_us']:+.0f} [{lo:+.0f}, {hi:+.0f}] ({share:+.2f}%)")
+    i = text.index(
+        "   between windows within the A/A's interval: its point estimate inside the A/A's 95% CI, "
+        "the A/A's interval holding 0"
+    )
+    assert text[i + 1 : i + 5] == [
+        "   verdict new_image   between windows within the A/A's interval: yes",
+        "   verdict same_image  between windows within the A/A's interval: no",
+        "   verdict text        between windows within the A/A's interval: yes",
+        "   records: 1200/1200 'on' requests, 0/3600 'off' requests",
+    ]
+    shifted = _same_instance_lines(400, cost, ("off", "on", "ctl", "between"), None, between)
+    for ln in shifted:  # an A/A arm that runs slower: no verdict of 'within' it can hold
+        if ln["bench"]["arm"] == "ctl":
+            ln["bench"]["client_ttft_s"] += 30e-6
+    text = overhead.notes(overhead.summary(shifted), "t")
+    assert (
+        "   verdict text        between windows within the A/A's interval: no (the A/A's interval excludes 0)" in text
+    )
+    no_aa = overhead.notes(overhead.summary(_same_instance_lines(20, cost, ("off", "on", "between"))), "t")
+    assert "   verdict text        between windows within the A/A's interval: not judged (no A/A)" in no_aa
+
+
+def test_closed_windows_keep_the_clock_between_windows() -> None:
+    """The windows chosen for a between-windows request leave the given instant, and the minute after
+    it, outside every window; near a window edge of each period the choice waits (the clock and the
+    sleep are injected)."""
+    hour = 1_800_000_000.0  # a multiple of 3600 s: a 1 h window opens here
+    slept: list[float] = []
+
+    def at(t: float) -> str:
+        now = [t]
+
+        def sleep(s: float) -> None:
+            slept.append(s)
+            now[0] += s
+
+        spec = closed_windows(lambda: now[0], sleep)
+        sched = Schedule.parse(spec)
+        assert not sched.is_open(now[0]) and sched.next_open(now[0]) - now[0] > BETWEEN_MARGIN_S, (t, spec)
+        return spec
+
+    assert at(hour + 1800) == "0.5s/1h"
+    assert at(hour + 0.6) == "0.5s/1h"  # just after the window closed
+    assert at(hour + 0.2) == "0.5s/59m"  # in the hour's window (hour % 3540 = 2040 s)
+    assert at(hour - 30) == "0.5s/59m"  # the hour's window opens within the margin
+    assert at(hour + 3540 * 1 - 2040 - 10) == "0.5s/1h"  # near a 59 min edge, far from the hour's
+    assert slept == []
+    # 30 s before a window edge of all three periods at once: wait until the hour's window has closed
+    assert at(1_804_762_770.0) == "0.5s/1h" and slept == [1.0] * 31
 
 
 def test_peer_arm_gives_sglang_tracing_cost_and_the_plugins_share_of_it() -> None:
@@ -584,7 +745,9 @@ class FakeSwitchServer:
     (counted in ``/mmtrace/state`` api.records) for a request that arrives while on with ``records``,
     and writes it (rid = the response id) to ``records`` with ``jsonl`` too. It also takes SGLang's
     ``GET /set_trace_level?level=N`` and notes, per answered rid, the plugin's switch and SGLang's
-    trace level it ran under (``seen``)."""
+    trace level it ran under (``seen``). ``{"windows": spec}`` turns the switch off and answers with the
+    windows' state, the window closed unless ``window_open`` (the real route is measured on the real
+    server; here only the bench's side of it)."""
 
     def __init__(self, records: Path) -> None:
         import http.server
@@ -598,6 +761,7 @@ class FakeSwitchServer:
         self.written = 0
         self.trace_level = 3  # SGLang's default with --enable-trace
         self.trace_level_calls: list[int] = []
+        self.window_open = False
         self.seen: dict[str, tuple[bool, int]] = {}  # rid -> (plugin switch on, SGLang trace level)
         self.lock = threading.Lock()
         fake = self
@@ -625,6 +789,15 @@ class FakeSwitchServer:
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/mmtrace/enabled" and "windows" in body:
+                    with fake.lock:
+                        fake.posts.append(body)
+                        sw = fake.switch
+                        sw.update(on=fake.window_open, generation=sw["generation"] + 1)
+                        spec = Schedule.parse(body["windows"]).spec
+                        state = {"schedule": spec, "running": True, "open": fake.window_open}
+                    self._json(200, {**sw, "windows": state})
+                    return
                 if self.path == "/mmtrace/enabled":
                     if not isinstance(body.get("on"), bool):
                         self._json(400, {"error": "bad body"})
@@ -787,6 +960,49 @@ def test_sglang_trace_peer_arm_runs_with_the_plugin_off_and_sglang_tracing_on(tm
             "4 rounds < 400",
             "the A/A's interval excludes 0",
         )
+
+
+def test_between_windows_arm_reaches_the_server_between_windows(tmp_path: Path) -> None:
+    """With ``between`` the overhead experiment's fourth arm hands the switch to tracing windows that
+    are closed (the answer checked, the spec kept on the line) and its requests run with the plugin
+    off and leave no record; the next arm's ``{"on": ...}`` takes the switch back. A server whose
+    answer shows the window open is refused."""
+    from sglang_mmtrace.bench import driver
+    from sglang_mmtrace.bench.targets import Target
+
+    records = tmp_path / "records.jsonl"
+    records.touch()
+    fake = FakeSwitchServer(records)
+    try:
+        opts = Options(n=4, warmup=1, size=(32, 24), seed=9, max_tokens=2, timeout=10, gap_s=0.0, between=True)
+        st = driver.Settings(experiments=[], opts=opts, records_timeout=5.0)
+        out = driver.Outcome()
+        driver.run_switched(Target("fake", fake.url, records, pid=os.getpid()), "overhead", st, out)
+        fake.window_open = True
+        with pytest.raises(SwitchError, match="not between windows"):
+            set_windows(fake.url, "0.5s/1h")
+    finally:
+        fake.close()
+    lines = out.lines
+    assert len(lines) == 4 * 3 * 4 and all(ln["bench"]["ok"] for ln in lines)
+    specs = {Schedule.parse(f"0.5s/{p}").spec for p in ("1h", "59m", "58m")}
+    for ln in lines:
+        arm = ln["bench"]["arm"]
+        assert fake.seen[ln["rid"]] == (arm == "on", 3), arm
+        assert (ln["bench"].get("windows") in specs) == (arm == overhead.BETWEEN), arm
+    # one windows POST per between-windows request (warm-up rounds and lead-ins included): per round the
+    # arm's lead-in and its three timed requests in a row, then the next arm's {"on": ...}
+    windows_posts = [i for i, b in enumerate(fake.posts) if "windows" in b]
+    assert len(windows_posts) == (1 + 4) * (1 + 3) + 1  # the last one: set_windows against the open window
+    blocks = [windows_posts[j : j + 4] for j in range(0, 20, 4)]
+    assert all(b == list(range(b[0], b[0] + 4)) for b in blocks)
+    assert all("on" in fake.posts[b[-1] + 1] for b in blocks if b[-1] + 1 < windows_posts[-1])
+    ov = out.results["overhead"]
+    assert ov["aa"] is True and ov["between"] is True and ov["peer"] is False
+    assert ov["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 36, "off_with_record": 0}
+    for s in ov["kinds"].values():
+        assert s["n_rounds"] == 4 and s["between_ci_us"][0] <= s["between_us"] <= s["between_ci_us"][1]
+        assert isinstance(s["between_within_aa"], bool)
 
 
 def test_crossover_launches_pairs_one_after_the_other(tmp_path: Path, monkeypatch: Any) -> None:

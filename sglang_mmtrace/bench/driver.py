@@ -121,11 +121,20 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
     try:
         if name == "overhead":
             plan = oh.paired_plan(
-                name, n, opts.warmup, workload, control=opts.control, peer=opts.peer, lead_in=opts.lead_in
+                name,
+                n,
+                opts.warmup,
+                workload,
+                control=opts.control,
+                peer=opts.peer,
+                between=opts.between,
+                lead_in=opts.lead_in,
             )
             arms = "on/off" + ("/off (A/A control)" if opts.control else "") + ("/SGLang tracing" if opts.peer else "")
+            arms += "/between windows" if opts.between else ""
             log(
-                f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {arms}, switch flipped per request"
+                f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {arms}, switch set before each request"
+                + (", arms grouped after a lead-in" if opts.lead_in else "")
             )
         elif name == "ablation":
             plan = abl.ablation_plan(n, min(opts.warmup, 1), workload, opts.seed, opts.ablation_parts)

@@ -80,6 +80,7 @@ class Options:
     peer: bool = (
         False  # overhead: also SGLang's own tracing as an arm (plugin off, its trace level flipped per request)
     )
+    between: bool = False  # overhead: also an arm served between tracing windows (the switch handed to closed windows)
     ablation_parts: tuple[str, ...] = PARTS  # ablation levels in order; "a+b" adds a group of parts at one level
     launches: int = 2  # overhead-crossover: launches per orientation (A/B unless ab is False, A/A unless aa is)
     ab: bool = True  # overhead-crossover: the A/B launches (one server SGLANG_MMTRACE=1, one =0)

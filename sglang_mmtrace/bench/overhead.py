@@ -24,6 +24,10 @@ round). With ``peer`` each round also sends a request per kind with the plugin o
 tracing on (``sglang``: a server started with ``--enable-trace``, its level set per request with
 ``GET /set_trace_level``, ``PEER_TRACE_LEVEL`` for this arm and 0 for the others), so the plugin's
 cost is set against the cost of the tracing SGLang ships, in the same rounds on the same instance.
+With ``between`` each round also sends a request per kind between tracing windows (``between``: the
+switch handed to windows, ``POST /mmtrace/enabled {"windows": ...}``, whose window is closed then and
+stays closed past the request, ``switchctl.closed_windows``): what a server set up for tracing windows
+pays outside a window, which should be what it pays with the switch off.
 
 Analysis of the same-instance run (``summary``): per kind, over the rounds in which every arm
 answered, the paired delta: the median over rounds of TTFT(on) - TTFT(off) in microseconds with a
@@ -37,6 +41,9 @@ With the peer arm each kind also gets SGLang's tracing cost, TTFT(sglang) - TTFT
 ratio of the plugin's delta to it with a bootstrap interval resampling rounds (both deltas from the
 same rounds), judged against ``TARGET_PEER_RATIO`` (``peer_verdict``): absolute costs move with the
 host, their ratio on one instance does not.
+With the between-windows arm each kind also gets its cost, TTFT(between) - TTFT(off), and the verdict
+``between_within_aa`` (``between_verdict``): its point estimate inside the A/A's 95% interval, and that
+interval holding 0.
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ from .procs import cpu_seconds, rss_mb
 from .records import RecordsTail
 from .runner import run_sequential, to_lines
 from .stats import bootstrap_median_ci, geomean_ratio_ci, paired_ratio_ci
-from .switchctl import PARTS, Flipper, set_trace_level
+from .switchctl import PARTS, Flipper, closed_windows, set_trace_level
 
 KINDS = ("new_image", "same_image", "text")
 QUESTION = "Describe this image in one word."
@@ -69,7 +76,8 @@ MAX_TOKENS = 8
 ARMS = ("off", "on")
 CONTROL = "ctl"  # the same-instance A/A control's second 'off' arm
 PEER = "sglang"  # the plugin off, SGLang's own tracing on (a server started with --enable-trace)
-ALL_ARMS = (*ARMS, CONTROL, PEER)
+BETWEEN = "between"  # the switch handed to tracing windows, the request served between two of them
+ALL_ARMS = (*ARMS, CONTROL, PEER, BETWEEN)
 PEER_TRACE_LEVEL = 3  # SGLang's default trace level (SGLANG_TRACE_LEVEL unset)
 ORIENTATIONS = ("on-first", "off-first")  # which arm's server was started first
 # The paired delta's targets per kind, in µs (issue 43; set for a GPU with the tiny Qwen3-VL): a point
@@ -109,18 +117,19 @@ def workload_for(opts: Options, experiment: str) -> Workload:
     return Workload(opts.seed, opts.nonce, opts.size_for(experiment))
 
 
-def arm_order(round_no: int, control: bool = False, peer: bool = False) -> tuple[str, ...]:
+def arm_order(round_no: int, control: bool = False, peer: bool = False, between: bool = False) -> tuple[str, ...]:
     """The leading arm alternates strictly by round: even rounds on first, odd rounds off first. With
-    a third arm (the control, or the peer) the three arms rotate, so each pair's arms lead equally
-    often over six rounds. With both, the four arms rotate, in reverse order every other block of
-    four rounds: over eight rounds each arm holds each position twice and each pair's arms lead
-    equally often."""
-    extra = tuple(a for a, wanted in ((CONTROL, control), (PEER, peer)) if wanted)
-    if len(extra) == 2:
+    a third arm (the control, the peer or the between-windows arm) the three arms rotate, so each
+    pair's arms lead equally often over six rounds. With n >= 4 arms they rotate, in reverse order
+    every other block of n rounds: over 2n rounds each arm holds each position twice and each pair's
+    arms lead equally often."""
+    extra = tuple(a for a, wanted in ((CONTROL, control), (PEER, peer), (BETWEEN, between)) if wanted)
+    if len(extra) >= 2:
         arms: tuple[str, ...] = ("on", "off", *extra)
-        if (round_no // 4) % 2:
+        n = len(arms)
+        if (round_no // n) % 2:
             arms = arms[::-1]
-        k = round_no % 4
+        k = round_no % n
         return arms[k:] + arms[:k]
     if extra:
         arms = ("on", "off", *extra) if round_no % 2 == 0 else ("off", "on", *extra)
@@ -134,6 +143,8 @@ def arm_label(arm: str) -> str:
         return "plugin off (A/A control)"
     if arm == PEER:
         return f"plugin off, SGLang tracing at level {PEER_TRACE_LEVEL}"
+    if arm == BETWEEN:
+        return "plugin between tracing windows"
     return f"plugin {arm}"
 
 
@@ -146,10 +157,11 @@ def paired_plan(
     slot_tag: str = "",
     control: bool = False,
     peer: bool = False,
+    between: bool = False,
     lead_in: bool = False,
 ) -> list[Planned]:
     """Warm-up rounds (round < 0, excluded), then ``rounds`` rounds: each kind, both arms (and the
-    ``control`` and ``peer`` arms), in ``arm_order``. ``extra`` goes into every request (launch, orientation, ...);
+    ``control``, ``peer`` and ``between`` arms), in ``arm_order``. ``extra`` goes into every request (launch, orientation, ...);
     an 'off' request expects no record, an 'on' request one (``extra`` may override ``expect_record``).
 
     ``lead_in``: per round the arms take turns in ``arm_order``, each sending one untimed request (a
@@ -163,7 +175,7 @@ def paired_plan(
     whose switch is not flipped per request."""
     plan = []
     for r in range(-warmup_rounds, rounds):
-        order = arm_order(r, control, peer)
+        order = arm_order(r, control, peer, between)
         cells = [(arm, kind) for arm in order for kind in KINDS] if lead_in else [(a, k) for k in KINDS for a in order]
         for i, (arm, kind) in enumerate(cells):
             info = {"kind": kind, "arm": arm, "order": order.index(arm), "expect_record": arm == "on", **(extra or {})}
@@ -209,7 +221,8 @@ def switch_route(
     ran with records on, wait until the plugin has built its record (so its record-building does not
     overlap the next request, of either arm; a record is kept anyway: the plugin builds it under the
     setting of the generation the request ran in). Then set the switch for this request's arm
-    (``extra["parts"]`` for an ablation level); with ``peer`` also SGLang's trace level
+    (``extra["parts"]`` for an ablation level; for the between-windows arm, tracing windows closed now and
+    past the request, ``closed_windows``, kept in ``extra["windows"]``); with ``peer`` also SGLang's trace level
     (``PEER_TRACE_LEVEL`` for the peer arm, 0 for the others; sent only when it changes). Then wait
     until ``gap_s`` has passed since the previous response ended, so every request, whatever its arm,
     starts after the same idle gap. Keeps the switch's generation (and the trace level) in ``extra``."""
@@ -220,7 +233,11 @@ def switch_route(
         if prev.get("records_before") is not None:
             flipper.wait_records(prev["records_before"] + 1)
         on = p.extra["arm"] == "on"
-        answer = flipper.set(tuple(p.extra.get("parts") or parts) if on else None)
+        if p.extra["arm"] == BETWEEN:
+            answer = flipper.set_windows(closed_windows())
+            p.extra["windows"] = answer["windows"]["schedule"]
+        else:
+            answer = flipper.set(tuple(p.extra.get("parts") or parts) if on else None)
         p.extra["generation"] = answer.get("generation")
         if peer:
             level = PEER_TRACE_LEVEL if p.extra["arm"] == PEER else 0
@@ -485,15 +502,28 @@ def peer_verdict(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def paired_delta(lines: Iterable[dict[str, Any]], kind: str, control: bool, peer: bool = False) -> dict[str, Any]:
+def between_verdict(s: dict[str, Any]) -> bool | None:
+    """Whether the between-windows arm costs what the A/A shows for ``s`` (a ``paired_delta`` result):
+    its delta's point estimate lies inside the A/A's 95% interval and that interval holds 0 (an A/A
+    that excludes 0 leaves the method's noise out of control: no). None without an A/A."""
+    if "aa_us" not in s:
+        return None
+    lo, hi = s["aa_ci_us"]
+    return bool(s["aa_ci_contains_zero"] and lo <= s["between_us"] <= hi)
+
+
+def paired_delta(
+    lines: Iterable[dict[str, Any]], kind: str, control: bool, peer: bool = False, between: bool = False
+) -> dict[str, Any]:
     """One kind of a same-instance run, over the rounds in which every arm answered (with
     ``control`` the A/A's arm too, and with ``peer`` SGLang's tracing's, so every figure comes from
     the same rounds): the off and on medians, the paired delta on - off (``delta_*``), with
     ``control`` the A/A ctl - off (``aa_*``) and whether its interval holds 0, with ``peer`` SGLang's
     tracing cost sglang - off (``peer_*``) and the ratio of the two deltas' medians
     (``plugin_over_peer``, bootstrap interval over rounds) with its verdict (``peer_target``), and the
-    target's verdict. Times in µs."""
-    arms = (*ARMS, *((CONTROL,) if control else ()), *((PEER,) if peer else ()))
+    target's verdict; with ``between`` the between-windows arm's cost between - off (``between_*``) and
+    ``between_within_aa`` (``between_verdict``). Times in µs."""
+    arms = (*ARMS, *((CONTROL,) if control else ()), *((PEER,) if peer else ()), *((BETWEEN,) if between else ()))
     rows = rounds(lines, kind, arms)
     if not rows:
         return {"n_rounds": 0}
@@ -516,11 +546,16 @@ def paired_delta(lines: Iterable[dict[str, Any]], kind: str, control: bool, peer
         ratio, lo, hi = paired_ratio_ci(peer_d, us["on"] - us["off"])
         out.update(effect, plugin_over_peer=round(ratio, 3), plugin_over_peer_ci=[round(lo, 3), round(hi, 3)])
         out["peer_target"] = peer_verdict(out)
+    if between:
+        effect, _ = _effect("between", us[BETWEEN] - us["off"], off)
+        out.update(effect)
+        out["between_within_aa"] = between_verdict(out)
     return out
 
 
 def record_check(lines: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """How many answered requests of each arm have a plugin record (on: all expected; off: none)."""
+    """How many answered requests of each arm have a plugin record (on: all expected; off, and every
+    other arm, the plugin off there or between its windows: none)."""
     out = {"on_ok": 0, "on_with_record": 0, "off_ok": 0, "off_with_record": 0}
     for ln in lines:
         b = ln["bench"]
@@ -551,15 +586,17 @@ def plugin_vs_client(lines: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """The same-instance result: per kind ``paired_delta`` (with the A/A where the lines hold a
-    control arm: ``aa``; with SGLang's tracing where they hold the peer arm: ``peer``), the record
-    check (the peer arm counts as off: the plugin is off there), and the plugin's TTFT next to the
-    client's."""
+    control arm: ``aa``; with SGLang's tracing where they hold the peer arm: ``peer``; with the
+    between-windows arm: ``between``), the record check (the peer and between-windows arms count as
+    off: the plugin is off there), and the plugin's TTFT next to the client's."""
     control = any(ln["bench"].get("arm") == CONTROL for ln in lines)
     peer = any(ln["bench"].get("arm") == PEER for ln in lines)
+    between = any(ln["bench"].get("arm") == BETWEEN for ln in lines)
     return {
-        "kinds": {kind: paired_delta(lines, kind, control, peer) for kind in KINDS},
+        "kinds": {kind: paired_delta(lines, kind, control, peer, between) for kind in KINDS},
         "aa": control,
         "peer": peer,
+        "between": between,
         "records": record_check(lines),
         "plugin_vs_client": plugin_vs_client(lines),
     }
@@ -627,6 +664,14 @@ def _peer_verdict(s: dict[str, Any]) -> str:
     return f"{s['plugin_over_peer']:.2f} {op} {t['ratio_max']:.2f}: {'met' if t['met'] else 'not met'}"
 
 
+def _within(s: dict[str, Any]) -> str:
+    if s["between_within_aa"] is None:
+        return "not judged (no A/A)"
+    if not s["aa_ci_contains_zero"]:
+        return "no (the A/A's interval excludes 0)"
+    return "yes" if s["between_within_aa"] else "no"
+
+
 def _over_peer(s: dict[str, Any]) -> str:
     lo, hi = s["plugin_over_peer_ci"]
     return f"{s['plugin_over_peer']:.2f} [{lo:.2f}, {hi:.2f}]"
@@ -634,13 +679,17 @@ def _over_peer(s: dict[str, Any]) -> str:
 
 def notes(result: dict[str, Any], title: str) -> list[str]:
     """Terminal lines for a ``summary`` result: a row per kind, then a verdict line per kind (and
-    with the peer arm, SGLang's tracing cost, the plugin's share of it and that target's verdicts)."""
-    aa, peer = result.get("aa"), result.get("peer")
+    with the peer arm, SGLang's tracing cost, the plugin's share of it and that target's verdicts; with
+    the between-windows arm, its cost and whether it lies within the A/A's interval)."""
+    aa, peer, between = result.get("aa"), result.get("peer"), result.get("between")
     out = [
         f"== {title}: TTFT paired delta, median over rounds in us [bootstrap 95% CI] (share of the off median)",
-        f"   {'kind':<11} {'rounds':>6} {'off median':>11}  {'delta on - off':<30} "
-        + (f"{'A/A off again - off':<30} {'A/A holds 0':>11}" if aa else "")
-        + (f"  {f'SGLang tracing L{PEER_TRACE_LEVEL} - off':<30} {'plugin / SGLang'}" if peer else ""),
+        (
+            f"   {'kind':<11} {'rounds':>6} {'off median':>11}  {'delta on - off':<30} "
+            + (f"{'A/A off again - off':<30} {'A/A holds 0':>11}" if aa else "")
+            + (f"  {'between windows - off':<30}" if between else "")
+            + (f"  {f'SGLang tracing L{PEER_TRACE_LEVEL} - off':<30} {'plugin / SGLang'}" if peer else "")
+        ).rstrip(),
     ]
     for kind in KINDS:
         s = result["kinds"].get(kind) or {}
@@ -650,6 +699,8 @@ def notes(result: dict[str, Any], title: str) -> list[str]:
         row = f"   {kind:<11} {s['n_rounds']:>6} {s['off_median_us'] / 1000:>8.2f} ms  {_us(s, 'delta'):<30} "
         if aa:
             row += f"{_us(s, 'aa'):<30} {'yes' if s['aa_ci_contains_zero'] else 'NO':>11}"
+        if between:
+            row += f"  {_us(s, 'between'):<30}"
         if peer:
             row += f"  {_us(s, 'peer'):<30} {_over_peer(s)}"
         out.append(row.rstrip())
@@ -672,6 +723,15 @@ def notes(result: dict[str, Any], title: str) -> list[str]:
             s = result["kinds"].get(kind) or {}
             if s.get("n_rounds"):
                 out.append(f"   verdict {kind:<11} plugin / SGLang {_peer_verdict(s)}")
+    if between:
+        out.append(
+            "   between windows within the A/A's interval: its point estimate inside the A/A's 95% CI, "
+            "the A/A's interval holding 0"
+        )
+        for kind in KINDS:
+            s = result["kinds"].get(kind) or {}
+            if s.get("n_rounds"):
+                out.append(f"   verdict {kind:<11} between windows within the A/A's interval: {_within(s)}")
     rc = result.get("records")
     if rc:
         out.append(

@@ -4,7 +4,8 @@ The switch turns the plugin, or only some of its parts, on and off in every SGLa
 running server; the answer comes once each process has applied it (200), or after 5 s with the
 processes that did not confirm (504). The same-instance experiments (``overhead``, ``ablation``,
 ``throughput``) flip it between requests, outside the timed region, so both arms run on the same
-server instance and instance-to-instance noise cancels.
+server instance and instance-to-instance noise cancels. ``set_windows`` hands the switch to tracing
+windows instead (``POST /mmtrace/enabled {"windows": ...}``), for a request served between them.
 
 ``PARTS`` is the plugin's list of parts in stack order (``sglang_mmtrace.switch.PARTS``: each needs
 the ones before it to do anything useful); ``levels()`` turns it into the ablation's cumulative levels L0 (all off) .. L12.
@@ -20,6 +21,7 @@ from typing import Any
 
 from ..report.analysis import quantile
 from ..switch import PARTS
+from ..windows import Schedule
 from .client import host_port
 
 ENABLED_PATH = "/mmtrace/enabled"
@@ -27,6 +29,11 @@ STATE_PATH = "/mmtrace/state"
 TRACE_LEVEL_PATH = "/set_trace_level"  # SGLang's own: its tracing's level (0: off) for new requests
 
 Level = tuple[str, ...] | None  # None: the switch off; a tuple: on with these parts
+# The tracing windows a request "between windows" is served under (``closed_windows``): the shortest
+# window there is, once per period, the period chosen so that no window is near.
+BETWEEN_WINDOW = "0.5s"
+BETWEEN_PERIODS = ("1h", "59m", "58m")
+BETWEEN_MARGIN_S = 60.0
 
 
 class SwitchError(RuntimeError):
@@ -91,6 +98,39 @@ def set_trace_level(base_url: str, level: int, timeout: float = 15.0) -> None:
     status, answer = http_json(base_url, "GET", f"{TRACE_LEVEL_PATH}?level={int(level)}", timeout=timeout)
     if status != 200:
         raise SwitchError(f"GET {TRACE_LEVEL_PATH}?level={level} on {base_url}: HTTP {status} {str(answer)[:300]}")
+
+
+def closed_windows(clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> str:
+    """The ``"<window>/<period>"`` setting under which a request sent now is served between tracing
+    windows: a ``BETWEEN_WINDOW`` window every period, the first of ``BETWEEN_PERIODS`` whose window is
+    closed at ``clock()`` (Unix seconds) and stays closed for ``BETWEEN_MARGIN_S`` more (the request,
+    and a server clock a little off this one, fall between windows too). Windows align to multiples of
+    the period in Unix time, so near a multiple of one period the next one is taken; at the rare
+    instants near a multiple of each, it waits a second and looks again."""
+    while True:
+        now = clock()
+        for period in BETWEEN_PERIODS:
+            spec = f"{BETWEEN_WINDOW}/{period}"
+            schedule = Schedule.parse(spec)
+            if not schedule.is_open(now) and schedule.next_open(now) - now > BETWEEN_MARGIN_S:
+                return spec
+        sleep(1.0)
+
+
+def set_windows(base_url: str, spec: str, timeout: float = 15.0) -> dict[str, Any]:
+    """Hand the switch to tracing windows ``spec`` (``POST /mmtrace/enabled {"windows": spec}``) and
+    return the server's answer, whose ``windows`` is the windows' state once the current window's state
+    is applied. Raises SwitchError on anything but a 200 that shows those windows running with the
+    window closed and the switch off: a request sent next would not be served between windows."""
+    body = {"windows": spec}
+    status, answer = http_json(base_url, "POST", ENABLED_PATH, body, timeout=timeout)
+    if status != 200 or not isinstance(answer, dict):
+        raise SwitchError(f"POST {ENABLED_PATH} {body} on {base_url}: HTTP {status} {str(answer)[:500]}")
+    win = answer.get("windows") or {}
+    closed = win.get("running") is True and win.get("open") is False and answer.get("on") is False
+    if win.get("schedule") != Schedule.parse(spec).spec or not closed:
+        raise SwitchError(f"POST {ENABLED_PATH} {body}: not between windows with these windows: {str(answer)[:500]}")
+    return answer
 
 
 def set_level(base_url: str, level: Level, timeout: float = 15.0) -> dict[str, Any]:
@@ -170,6 +210,12 @@ class Flipper:
 
     def set(self, level: Level) -> dict[str, Any]:
         self.last = set_level(self.base_url, level)
+        self.flips += 1
+        return self.last
+
+    def set_windows(self, spec: str) -> dict[str, Any]:
+        """Hand the switch to tracing windows ``spec`` (``set_windows``); the next ``set`` takes it back."""
+        self.last = set_windows(self.base_url, spec)
         self.flips += 1
         return self.last
 

@@ -151,6 +151,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "request with GET /set_trace_level (0 for the other arms, 3 again at the end); the server must run with "
         "--enable-trace. Reports SGLang's tracing cost and the plugin's delta over it per kind",
     )
+    s.add_argument(
+        "--between-windows",
+        action="store_true",
+        help="overhead: also an arm served between tracing windows: before each of its requests (untimed) the "
+        'switch is handed to windows (POST /mmtrace/enabled {"windows": "0.5s/1h"}, another period where a window '
+        "is near) whose window is closed then and past the request. Reports its cost, between windows - off, per "
+        "kind and whether it is within the A/A's interval: yes where its point estimate lies inside the A/A's "
+        "95%% CI and that interval holds 0",
+    )
     s.add_argument("--deadline", type=float, default=None, help="epoch seconds: stop sending new requests after it")
     p.add_argument("--seed", type=int, default=None, help="image/question seed (default: random per run)")
     p.add_argument(
@@ -249,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
         control=not args.no_aa,
         lead_in=not args.no_lead_in,
         peer=args.sglang_trace_peer,
+        between=args.between_windows,
         **({"ablation_parts": tuple(args.ablation_groups.split(","))} if args.ablation_groups else {}),
         launches=args.launches,
         aa=not args.no_aa,
