@@ -14,6 +14,7 @@ different hosts have different TTFTs.
         --group plugin=benchmarks/results/overhead-skeleton-h100-20261206/run-2/plugin \\
         --group skeleton=benchmarks/results/overhead-skeleton-h100-20261206/run-2/skel,benchmarks/results/overhead-skeleton-h100-20261206/skel \\
         --aa --diff skeleton plugin
+    python -m benchmarks.overhead_pool --table --group h100=RUN_A/overhead_peer.jsonl.gz,RUN_B/overhead_peer.jsonl.gz
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sglang_mmtrace.bench import overhead
 from sglang_mmtrace.bench.overhead import CONTROL, KINDS, pairs, ttft_ms
 from sglang_mmtrace.bench.stats import bootstrap_median_ci, bootstrap_median_diff_ci
 from sglang_mmtrace.report.analysis import read_jsonl
@@ -35,6 +37,12 @@ def read_run(folder: str) -> list[dict]:
     """One run's request lines: the folder's ``overhead.lines.jsonl.gz`` (or a lines file itself)."""
     path = Path(folder)
     return read_jsonl(str(path / LINES if path.is_dir() else path))
+
+
+def pooled(runs: list[list[dict]]) -> list[dict]:
+    """The runs' lines as one run whose rounds stay paired within their own run: each run's lines get
+    the run's index as their ``launch`` (``overhead.rounds`` keys a round by launch and number)."""
+    return [{**ln, "bench": {**ln["bench"], "launch": i}} for i, lines in enumerate(runs) for ln in lines]
 
 
 def deltas(runs: list[list[dict]], kind: str, arms: tuple[str, str]) -> tuple[np.ndarray, float]:
@@ -57,12 +65,23 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--aa", action="store_true", help="also the A/A control (off vs off again) per group")
     ap.add_argument("--diff", nargs=2, metavar=("A", "B"), help="median delta of group B minus group A")
+    ap.add_argument(
+        "--table",
+        action="store_true",
+        help="per group, the bench's own table (every arm the runs have: A/A, SGLang tracing, between windows) over "
+        "the pooled runs, each run's rounds paired within it",
+    )
     ap.add_argument("--out", help="write the table as JSON here too")
     args = ap.parse_args(argv)
     groups: dict[str, list[list[dict]]] = {}
     for spec in args.group:
         name, _, folders = spec.partition("=")
         groups[name] = [read_run(f) for f in folders.split(",") if f]
+    if args.table:
+        for name, runs in groups.items():
+            lines = pooled(runs)
+            print("\n".join(overhead.notes(overhead.summary(lines), f"{name}: {len(runs)} run(s) pooled")))
+        return
     out: dict[str, dict[str, str]] = {}
     for kind in KINDS:
         out[kind] = {}

@@ -990,13 +990,10 @@ def test_between_windows_arm_reaches_the_server_between_windows(tmp_path: Path) 
         arm = ln["bench"]["arm"]
         assert fake.seen[ln["rid"]] == (arm == "on", 3), arm
         assert (ln["bench"].get("windows") in specs) == (arm == overhead.BETWEEN), arm
-    # one windows POST per between-windows request (warm-up rounds and lead-ins included): per round the
-    # arm's lead-in and its three timed requests in a row, then the next arm's {"on": ...}
+    # one windows POST per between-windows request (warm-up included), each followed by an {"on": ...}
     windows_posts = [i for i, b in enumerate(fake.posts) if "windows" in b]
-    assert len(windows_posts) == (1 + 4) * (1 + 3) + 1  # the last one: set_windows against the open window
-    blocks = [windows_posts[j : j + 4] for j in range(0, 20, 4)]
-    assert all(b == list(range(b[0], b[0] + 4)) for b in blocks)
-    assert all("on" in fake.posts[b[-1] + 1] for b in blocks if b[-1] + 1 < windows_posts[-1])
+    assert len(windows_posts) == (1 + 4) * 3 + 1  # the last one: set_windows against the open window
+    assert all("on" in fake.posts[i + 1] for i in windows_posts[:-1])
     ov = out.results["overhead"]
     assert ov["aa"] is True and ov["between"] is True and ov["peer"] is False
     assert ov["records"] == {"on_ok": 12, "on_with_record": 12, "off_ok": 36, "off_with_record": 0}
@@ -1295,28 +1292,29 @@ def test_progress_bar_on_a_terminal_only():
     assert _progress_stderr(tty=False) == ""  # logs and CI output stay clean
 
 
-def test_lead_in_groups_each_round_by_arm_after_one_untimed_request_of_that_arm() -> None:
+def test_lead_in_puts_an_untimed_request_of_the_same_arm_and_kind_before_each_timed_one() -> None:
     wl = overhead.Workload(seed=3, nonce="n", size=(32, 24))
     plan = overhead.paired_plan(
         "overhead", rounds=8, warmup_rounds=1, workload=wl, control=True, peer=True, lead_in=True
     )
-    assert len(plan) == 9 * 4 * (1 + 3)
+    assert len(plan) == 9 * 3 * 4 * 2
     assert all(p.warmup for p in plan if p.round < 0)
     for r in range(8):
         rnd = [p for p in plan if p.round == r]
         order = overhead.arm_order(r, control=True, peer=True)
-        # per arm in the round's order: its lead-in (untimed, a new image), then its timed requests, one per kind
+        # per kind, the arms in the round's order, each a lead-in (untimed) and then its timed request
         assert [(p.extra["arm"], p.extra["kind"], p.warmup) for p in rnd] == [
-            cell for arm in order for cell in [(arm, "new_image", True), *((arm, k, False) for k in overhead.KINDS)]
+            (arm, kind, lead) for kind in overhead.KINDS for arm in order for lead in (True, False)
         ]
         assert all(p.extra["order"] == order.index(p.extra["arm"]) for p in rnd)
         assert all(p.extra["expect_record"] == (p.extra["arm"] == "on") for p in rnd)
-    # every timed request follows one of its own arm (a flip only ever precedes a lead-in)
+    # every timed request follows one of its own arm and kind (a flip only ever precedes a lead-in)
     for prev, p in itertools.pairwise(plan):
         if not p.warmup:
-            assert prev.extra["arm"] == p.extra["arm"]
-    images = [_text(p.messages) for p in plan if p.extra["kind"] == "new_image"]
-    assert len(set(images)) == len(images)  # lead-ins' images are new too
-    # without lead-ins the arms alternate request by request, as before
+            assert (prev.extra["arm"], prev.extra["kind"], prev.warmup) == (p.extra["arm"], p.extra["kind"], True)
+    new = [_text(p.messages) for p in plan if p.extra["kind"] == "new_image"]
+    text = [_text(p.messages) for p in plan if p.extra["kind"] == "text"]
+    assert len(set(new)) == len(new) and len(set(text)) == len(text)  # lead-ins' images and prompts are new too
+    # without lead-ins the arms alternate request by request
     bare = overhead.paired_plan("overhead", rounds=2, warmup_rounds=0, workload=wl, control=True, peer=True)
     assert len(bare) == 2 * 3 * 4 and not any(p.warmup for p in bare)

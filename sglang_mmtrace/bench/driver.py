@@ -134,7 +134,7 @@ def run_switched(target: Target, name: str, st: Settings, out: Outcome) -> None:
             arms += "/between windows" if opts.between else ""
             log(
                 f"overhead on '{target.label}': {n} rounds x {len(oh.KINDS)} kinds x {arms}, switch set before each request"
-                + (", arms grouped after a lead-in" if opts.lead_in else "")
+                + (", each after an untimed lead-in of its arm" if opts.lead_in else "")
             )
         elif name == "ablation":
             plan = abl.ablation_plan(n, min(opts.warmup, 1), workload, opts.seed, opts.ablation_parts)

@@ -76,7 +76,7 @@ class Options:
     gap_s: float = 0.1  # overhead / ablation: idle gap between a response's end and the next request
     keep_records: bool = False  # overhead / ablation: after a request with records on, wait until its record is built
     control: bool = True  # overhead: also the same-instance A/A control arm (a second 'off' request per round and kind)
-    lead_in: bool = True  # overhead: an untimed request of each arm before its timed ones (overhead.paired_plan)
+    lead_in: bool = False  # overhead: an untimed request of the same arm and kind before each timed one (paired_plan)
     peer: bool = (
         False  # overhead: also SGLang's own tracing as an arm (plugin off, its trace level flipped per request)
     )

@@ -17,8 +17,8 @@ Two ways to get the arms, one plan and one analysis:
 Plan (``paired_plan``): per round, for each kind (``new_image``: a new 640x480 JPEG per request;
 ``same_image``: one fixed JPEG repeated; ``text``: a new text prompt per request), one request per
 arm, the leading arm alternating strictly by round (even rounds: on first). Untimed warm-up rounds
-come first. The same-instance run groups each round's requests by arm, after an untimed lead-in
-request of that arm (``lead_in``), so each timed request runs in its arm's steady state. With ``control`` each round also sends a third request per kind, ``ctl``, with the
+come first. With ``lead_in`` (same instance) an untimed request of the same arm and kind goes before
+each timed one, so each timed request runs in its arm's steady state. With ``control`` each round also sends a third request per kind, ``ctl``, with the
 plugin off like ``off``: the A/A control on the same instance (the three arms' order rotates by
 round). With ``peer`` each round also sends a request per kind with the plugin off and SGLang's own
 tracing on (``sglang``: a server started with ``--enable-trace``, its level set per request with
@@ -164,24 +164,25 @@ def paired_plan(
     ``control``, ``peer`` and ``between`` arms), in ``arm_order``. ``extra`` goes into every request (launch, orientation, ...);
     an 'off' request expects no record, an 'on' request one (``extra`` may override ``expect_record``).
 
-    ``lead_in``: per round the arms take turns in ``arm_order``, each sending one untimed request (a
-    ``new_image`` one, which passes every hooked call of the other kinds too) and then its timed
-    request of every kind. Why: the request right after a switch flip, or after another arm's request,
-    pays for what the flip and that request left behind (the switch puts SGLang's functions back or
-    the hooks in, which leaves the interpreter's specialised call sites and the CPU caches cold; the
-    other arm's request leaves its own after-work), and with the arms alternating request by request
-    each arm follows a fixed set of other arms, so that carry-over lands unevenly on the arms (an A/A
-    off its zero). After a lead-in every timed request follows one of its own arm, as on a server
-    whose switch is not flipped per request."""
+    ``lead_in``: before each timed request an untimed one of the same arm and kind (``new_image``: an
+    image of its own), so that every timed request follows one of its own arm, as on a server whose
+    switch is not flipped per request. Why: the request right after a switch flip, or after another
+    arm's request, pays for what the flip and that request left behind (the switch puts SGLang's
+    functions back or the hooks in, which leaves the interpreter's specialised call sites and the CPU
+    caches cold; the other arm's request leaves its own after-work), and with the arms alternating
+    request by request each arm follows a fixed set of other arms, so that carry-over lands unevenly
+    on the arms (an A/A off its zero). The lead-ins double the requests; the arms of a kind stay
+    next to each other, which keeps their pairing (grouping a round's requests by arm instead made
+    the paired differences as noisy as the TTFTs themselves)."""
     plan = []
     for r in range(-warmup_rounds, rounds):
         order = arm_order(r, control, peer, between)
-        cells = [(arm, kind) for arm in order for kind in KINDS] if lead_in else [(a, k) for k in KINDS for a in order]
-        for i, (arm, kind) in enumerate(cells):
-            info = {"kind": kind, "arm": arm, "order": order.index(arm), "expect_record": arm == "on", **(extra or {})}
-            if lead_in and (i == 0 or cells[i - 1][0] != arm):
-                plan.append(_planned(experiment, workload, "new_image", arm, r, f"{arm} lead-in{slot_tag}", info, True))
-            plan.append(_planned(experiment, workload, kind, arm, r, f"{arm}{slot_tag}", info, r < 0))
+        for kind in KINDS:
+            for pos, arm in enumerate(order):
+                info = {"kind": kind, "arm": arm, "order": pos, "expect_record": arm == "on", **(extra or {})}
+                if lead_in:
+                    plan.append(_planned(experiment, workload, kind, arm, r, f"{arm} lead-in{slot_tag}", info, True))
+                plan.append(_planned(experiment, workload, kind, arm, r, f"{arm}{slot_tag}", info, r < 0))
     return plan
 
 
@@ -196,8 +197,8 @@ def _planned(
         kind,
         workload.messages(kind, r, slot),
         r,
-        warmup=warmup,
-        extra={**info, "kind": kind},
+        warmup,
+        info,
     )
 
 

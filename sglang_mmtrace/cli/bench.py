@@ -137,12 +137,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "off again - off: the method's own noise); overhead-crossover: skip the A/A launches",
     )
     s.add_argument(
-        "--no-lead-in",
+        "--lead-in",
         action="store_true",
-        help="overhead: no untimed lead-in request after each switch flip (by default each arm's requests of a round "
-        "run together, after one untimed request of that arm, so that every timed request follows one of its own arm: "
-        "a steady state, as a server that is not flipped per request has); with it, the arms alternate request by "
-        "request and each timed request follows another arm's",
+        help="overhead: before each timed request an untimed one of the same arm and kind, so that every timed request "
+        "follows one of its own arm, as on a server whose switch is not flipped per request (without it each arm "
+        "follows other arms' requests and switch flips, whose carry-over lands unevenly on the arms); doubles the "
+        "requests",
     )
     s.add_argument(
         "--sglang-trace-peer",
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
         gap_s=args.gap_ms / 1000,
         keep_records=args.keep_records,
         control=not args.no_aa,
-        lead_in=not args.no_lead_in,
+        lead_in=args.lead_in,
         peer=args.sglang_trace_peer,
         between=args.between_windows,
         **({"ablation_parts": tuple(args.ablation_groups.split(","))} if args.ablation_groups else {}),
