@@ -128,8 +128,9 @@ SPEC_PARTS = (
 )  # fmt: skip
 
 
-def _text(messages: list[dict[str, Any]]) -> str:
-    return json.dumps(messages)
+def _text(messages: Any) -> str:
+    """A planned request's messages as JSON (made now when they were planned as a maker)."""
+    return json.dumps(messages() if callable(messages) else messages)
 
 
 def test_parts_and_levels_follow_the_stack_order() -> None:

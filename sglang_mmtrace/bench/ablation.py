@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,9 @@ def ablation_plan(
                 "expect_record": expects_record(level),
             }
             plan.append(
-                Planned(EXPERIMENT, f"{kind}: L{i}", i, kind, workload.messages(kind, r, f"L{i}"), r, r < 0, info)
+                Planned(
+                    EXPERIMENT, f"{kind}: L{i}", i, kind, partial(workload.messages, kind, r, f"L{i}"), r, r < 0, info
+                )
             )
     return plan
 

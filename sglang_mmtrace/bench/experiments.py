@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,10 +135,17 @@ class Planned:
     variant: str
     variant_index: int
     group: str
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]] | Callable[[], list[dict[str, Any]]]
+    """The chat messages, or what makes them when the request is about to be sent: a plan of many
+    rounds of new images would otherwise encode every image before its first request, and a run that
+    a deadline ends early would have paid for them all (minutes of a GPU call's time)."""
     round: int
     warmup: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def chat(self) -> list[dict[str, Any]]:
+        """The messages to send (made now if they were planned as a maker)."""
+        return self.messages() if callable(self.messages) else self.messages
 
 
 class Images:

@@ -61,13 +61,14 @@ def run_sequential(
             if opts.deadline is not None and time.time() > opts.deadline:
                 print(f"[bench] {desc}: deadline reached after {len(out)} of {len(plan)} requests", file=sys.stderr)
                 break
+            messages = p.chat()  # before the route, whose idle gap then covers making them
             if route is not None:
                 url = route(p)
             elif target is not None:
                 url = target.base_url
             else:
                 raise ValueError("run_sequential needs a target or a route")
-            res = send(url, p.messages, opts.max_tokens_for(p.experiment), opts.timeout, warmup=p.warmup)
+            res = send(url, messages, opts.max_tokens_for(p.experiment), opts.timeout, warmup=p.warmup)
             out.append((p, res))
             tick()
             if not res.ok:
@@ -84,7 +85,7 @@ def run_concurrent(target: Target, plan: list[Planned], clients: int, opts: Opti
     with progress_bar(len(plan), desc) as tick, ThreadPoolExecutor(max_workers=clients) as pool:
 
         def one(p: Planned) -> Sent:
-            res = send(target.base_url, p.messages, opts.max_tokens_for(p.experiment), opts.timeout, warmup=p.warmup)
+            res = send(target.base_url, p.chat(), opts.max_tokens_for(p.experiment), opts.timeout, warmup=p.warmup)
             tick()
             return p, res
 
