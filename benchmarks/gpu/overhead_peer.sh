@@ -10,8 +10,8 @@
 # SGLang's --enable-trace imports, even for HTTP export), env.sh sourced and the plugin's wheel first
 # on PYTHONPATH. The server and the bench run from outside the checkout (/tmp/wd): from the repository
 # root `python -m` would import the checkout's plugin instead of the wheel. Env: ROUNDS (1000, the
-# deadline ends the run first), GAP_MS (40), MODEL (/tmp/tiny-qwen3vl). Writes into OUTDIR:
-# table.txt (the bench's table), overhead_peer.json (--json), overhead_peer.jsonl.gz, the sink's
+# deadline ends the run first), GAP_MS (40), MODEL (/tmp/tiny-qwen3vl), LEAD_IN (set: the bench's
+# --lead-in). Writes into OUTDIR: table.txt (the bench's table), overhead_peer.json (--json), overhead_peer.jsonl.gz, the sink's
 # counts, run_info.txt, the server log's tail.
 set -u
 t0=$(date +%s)
@@ -43,6 +43,7 @@ curl -sf http://127.0.0.1:30000/health > /dev/null || { log "server not healthy"
 log "server healthy; bench until +$((end - t0)) s"
 python3 -m sglang_mmtrace.cli.main bench --url http://127.0.0.1:30000 --records /tmp/wd/records.jsonl \
   --experiment overhead --sglang-trace-peer --n "${ROUNDS:-1000}" --gap-ms "${GAP_MS:-40}" --deadline "$end" \
+  ${LEAD_IN:+--lead-in} \
   --seed 43 --out /tmp/wd/overhead_peer.jsonl > "$out/table.txt" 2> "$out/bench_stderr.log"
 log "bench exit $?"
 python3 -c "
