@@ -922,22 +922,28 @@ def test_switch_experiments_against_a_stand_in_server(tmp_path: Path) -> None:
     assert all(set(b) in ({"on"}, {"on", "parts"}) for b in fake.posts)
 
 
+def _overhead_on(fake: Any, records: Path, **options: Any) -> Any:
+    """The overhead experiment, 4 rounds after 1 warm-up round, against the stand-in switch server."""
+    from sglang_mmtrace.bench import driver
+    from sglang_mmtrace.bench.targets import Target
+
+    opts = Options(n=4, warmup=1, size=(32, 24), seed=9, max_tokens=2, timeout=10, gap_s=0.0, **options)
+    out = driver.Outcome()
+    st = driver.Settings(experiments=[], opts=opts, records_timeout=5.0)
+    driver.run_switched(Target("fake", fake.url, records, pid=os.getpid()), "overhead", st, out)
+    return out
+
+
 def test_sglang_trace_peer_arm_runs_with_the_plugin_off_and_sglang_tracing_on(tmp_path: Path) -> None:
     """With ``peer`` the overhead experiment's fourth arm reaches the server with the plugin's switch
     off and SGLang's trace level at 3, every other arm with level 0 (the level sent only when it
     changes), and SGLang's level is left at 3 (its default) at the end. SGLang's tracing cannot run
     here, so the stand-in server takes its route; the result's keys are the real analysis's."""
-    from sglang_mmtrace.bench import driver
-    from sglang_mmtrace.bench.targets import Target
-
     records = tmp_path / "records.jsonl"
     records.touch()
     fake = FakeSwitchServer(records)
     try:
-        opts = Options(n=4, warmup=1, size=(32, 24), seed=9, max_tokens=2, timeout=10, gap_s=0.0, peer=True)
-        st = driver.Settings(experiments=[], opts=opts, records_timeout=5.0)
-        out = driver.Outcome()
-        driver.run_switched(Target("fake", fake.url, records, pid=os.getpid()), "overhead", st, out)
+        out = _overhead_on(fake, records, peer=True)
     finally:
         fake.close()
     lines = out.lines
@@ -968,17 +974,11 @@ def test_between_windows_arm_reaches_the_server_between_windows(tmp_path: Path) 
     are closed (the answer checked, the spec kept on the line) and its requests run with the plugin
     off and leave no record; the next arm's ``{"on": ...}`` takes the switch back. A server whose
     answer shows the window open is refused."""
-    from sglang_mmtrace.bench import driver
-    from sglang_mmtrace.bench.targets import Target
-
     records = tmp_path / "records.jsonl"
     records.touch()
     fake = FakeSwitchServer(records)
     try:
-        opts = Options(n=4, warmup=1, size=(32, 24), seed=9, max_tokens=2, timeout=10, gap_s=0.0, between=True)
-        st = driver.Settings(experiments=[], opts=opts, records_timeout=5.0)
-        out = driver.Outcome()
-        driver.run_switched(Target("fake", fake.url, records, pid=os.getpid()), "overhead", st, out)
+        out = _overhead_on(fake, records, between=True)
         fake.window_open = True
         with pytest.raises(SwitchError, match="not between windows"):
             set_windows(fake.url, "0.5s/1h")
