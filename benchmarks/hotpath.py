@@ -350,7 +350,6 @@ FEATURE_BYTES = IMAGE_TOKENS * 4 * 1536 * 4  # pixel values of a 512x512 image, 
 
 API_HOOKS = (
     "http_server.app",
-    "openai_serving.convert",
     "tokenizer_manager.init_req_state",
     "tokenizer_manager.tokenize",
     "mm_processor_generic.request",

@@ -8,7 +8,7 @@ function each hook wraps) and the hook registry (which module implements the hoo
 from __future__ import annotations
 
 from .environment_variables import VARIABLES
-from .hooks.registry import MODULE_OF, PROCESS_OF
+from .hooks.registry import HOOKS, MODULE_OF, PROCESS_OF
 from .join.collector import JOINED_STAGES
 from .manifest import load
 from .package import PRIMARY_VERSION
@@ -22,9 +22,14 @@ CONFIG_END = "<!-- config:end -->"
 
 
 def measured_by() -> dict[str, str]:
-    """stage -> the hooks that measure it on the primary version, as ``module`` wraps ``Class.method``."""
+    """stage -> the hooks that measure it on the primary version, as ``module`` wraps ``Class.method``.
+
+    A hook that only brackets a call with the stage's NVTX range (``ranged``) takes none of its times:
+    the stage is measured where they are taken, so it is not listed."""
     wraps: dict[str, dict[str, list[str]]] = {}  # stage -> hook module (process/name) -> wrapped functions
     for entry in load(PRIMARY_VERSION).hooks:
+        if HOOKS[entry.hook_id].nvtx_only:
+            continue
         # a method of the class SGLang builds at run time: the served model's or its processor's
         late = f"<{entry.applies_to}>.{entry.target}" if entry.applies_to else None
         function = late or ".".join(entry.target.split(".")[-2:])

@@ -104,7 +104,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         API,
         "OpenAI request -> internal request, chat-template rendering",
         parent=REQUEST,
-        stored_by=("openai_serving.convert", "tokenizer_manager.init_req_state"),
+        stored_by=("tokenizer_manager.init_req_state",),
         emitted_by=("join.collector",),
     ),
     Stage(

@@ -24,7 +24,6 @@ from sglang_mmtrace.join.record import StageEvent
 def _trace(rid: str, dispatched: bool) -> ApiTrace:
     http = HttpCtx(100.0, "/v1/chat/completions")
     http.t_handle, http.t_first_body, http.t_last_body, http.status_code = 100.001, 100.05, 100.06, 200
-    http.convert = (100.001, 100.002)
     trace = ApiTrace(rid, http, "tiny", 100.003)
     http.traces.append(trace)
     trace.add("tokenize", 100.003, 100.010)
@@ -49,7 +48,6 @@ def test_wire_form_keeps_every_field():
         if name not in ("traces", *events):
             assert getattr(back.http, name) == getattr(trace.http, name), name
     assert back.events == [StageEvent(*e) for e in trace.events] and len(back.events) == 2
-    assert back.http.convert == (100.001, 100.002)
     assert all(type(e) is StageEvent for e in back.events)
     assert back.http.traces == [back]
 
@@ -330,22 +328,23 @@ def test_a_lagging_collector_waits_for_its_peers_not_for_a_timer(monkeypatch: py
     assert [r["rid"] for r in sink.records] == ["r1", "r2"]
 
 
-def test_openai_convert_is_filed_from_the_handlers_start_until_the_tokenizer_manager_holds_the_request():
-    """The hook keeps only the conversion call's two times; the record's ``openai.convert`` starts at
-    the handler's start (SGLang's ``received_time``: the executor hop before the call is
-    ``executor_wait_s``) and ends when the trace was made (the hop back, with ``converted_s`` the call's
-    own end), or at the call's end when that is later; ``http.parse`` ends at the handler's start."""
-    trace = _trace("r1", True)
-    trace.http.convert = (100.0012, 100.002)  # called 0.2 ms after the handler started (the executor hop)
+def test_openai_convert_runs_from_the_handlers_start_until_the_tokenizer_manager_holds_the_request():
+    """``openai.convert`` is SGLang's own times: the OpenAI handler's start (``received_time``, noted
+    before the conversion is called) to the trace's creation (after it has returned); ``http.parse``
+    ends where it starts. A native endpoint notes no handler's start: no ``openai.convert``, and
+    ``http.parse`` runs to the trace's creation."""
+    trace = _trace("r1", True)  # arrival 100.0, the handler's start 100.001, the trace made at 100.003
     stages = {s["name"]: s for s in build_record(_received(trace), [], "0.5.23", 0.0)["stages"]}
     convert = stages["openai.convert"]
-    assert convert["start_s"] == pytest.approx(0.001) and convert["dur_s"] == pytest.approx(0.002)  # to t_created
-    assert convert["attrs"] == {"executor_wait_s": pytest.approx(0.0002), "converted_s": pytest.approx(0.001)}
+    assert convert["start_s"] == pytest.approx(0.001) and convert["dur_s"] == pytest.approx(0.002)
+    assert convert["attrs"] == {}
     assert stages["http.parse"]["start_s"] == 0.0 and stages["http.parse"]["dur_s"] == pytest.approx(0.001)
 
-    trace.http.convert = (100.0012, 100.004)  # ends after the trace was made: its own end
-    convert = {s["name"]: s for s in build_record(_received(trace), [], "0.5.23", 0.0)["stages"]}["openai.convert"]
-    assert convert["dur_s"] == pytest.approx(0.003) and "converted_s" not in convert["attrs"]
+    native = _trace("r2", True)
+    native.http.path, native.http.t_handle = "/generate", None
+    stages = {s["name"]: s for s in build_record(_received(native), [], "0.5.23", 0.0)["stages"]}
+    assert "openai.convert" not in stages
+    assert stages["http.parse"]["start_s"] == 0.0 and stages["http.parse"]["dur_s"] == pytest.approx(0.003)
 
 
 def _received(trace: ApiTrace) -> ApiTrace:

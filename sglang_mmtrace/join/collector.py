@@ -546,16 +546,11 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     arrival = http.t_arrival if http is not None else trace.t_created
     events: list[StageEvent] = []
     if http is not None:
-        if http.convert is not None:
-            c0, c1 = http.convert
-            # From the handler's start: the hop onto the executor thread (0.5.23) is part of the conversion.
-            start = http.t_handle if http.t_handle is not None and http.t_handle <= c0 else c0
-            attrs = {"executor_wait_s": round(c0 - start, 9)}
-            end = c1
-            if trace.t_created > c1:
-                # Until the TokenizerManager holds the internal request: includes the executor's return hop.
-                end, attrs["converted_s"] = trace.t_created, round(c1 - start, 9)
-            events.append(StageEvent(OPENAI_CONVERT, API, start, end, "host", attrs))
+        if http.t_handle is not None and trace.t_created >= http.t_handle:
+            # SGLang's OpenAI handlers note their start before the conversion, and the trace is made
+            # when the TokenizerManager holds the converted request: the conversion lies between, with
+            # the hops onto the executor and back (0.5.22+). The native endpoints note no start.
+            events.append(StageEvent(OPENAI_CONVERT, API, http.t_handle, trace.t_created))
         events.append(StageEvent(HTTP_PARSE, API, arrival, http.t_handle or trace.t_created))
     events.extend(trace.events)
     joined = _join_stages(trace, remote)  # completes the remote events it joins (clamps, attrs)

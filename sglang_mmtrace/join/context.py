@@ -43,7 +43,6 @@ class HttpCtx:
         "disconnected",
         "error",
         "traces",
-        "convert",
         "trace_headers",
         "path",
         "method",
@@ -66,8 +65,6 @@ class HttpCtx:
         self.disconnected = False
         self.error: str | None = None
         self.traces: list[ApiTrace] = []
-        self.convert: tuple[float, float] | None = None
-        """The OpenAI conversion's call (start, end): ``openai.convert`` is filed from it by the collector."""
         self.trace_headers: dict[str, str] | None = None
         """The incoming trace context: the headers the configured propagators read (``traceparent``,
         ``tracestate``, ``baggage`` by default)."""
