@@ -1319,3 +1319,25 @@ def test_lead_in_puts_an_untimed_request_of_the_same_arm_and_kind_before_each_ti
     # without lead-ins the arms alternate request by request
     bare = overhead.paired_plan("overhead", rounds=2, warmup_rounds=0, workload=wl, control=True, peer=True)
     assert len(bare) == 2 * 3 * 4 and not any(p.warmup for p in bare)
+
+
+def test_switch_route_idles_the_gap_before_timed_requests_only(monkeypatch: Any) -> None:
+    """Every timed request starts ``gap_s`` after the previous response ended; an untimed one (a
+    warm-up or a lead-in) at once: its own idle time would measure nothing."""
+
+    class Flipper:  # the switch's client: only what the route calls
+        base_url = "http://x"
+
+        def set(self, parts: Any) -> dict[str, Any]:
+            return {"generation": 1}
+
+    slept: list[float] = []
+    monkeypatch.setattr(overhead.time, "sleep", slept.append)
+    route = overhead.switch_route(Flipper(), gap_s=0.04)  # type: ignore[arg-type]
+    wl = overhead.Workload(seed=3, nonce="n", size=(32, 24))
+    plan = overhead.paired_plan("overhead", rounds=1, warmup_rounds=0, workload=wl, lead_in=True)
+    for p in plan[:4]:
+        assert route(p) == "http://x"
+    lead, timed = slept[0::2], slept[1::2]
+    assert [p.warmup for p in plan[:4]] == [True, False, True, False]
+    assert all(s == 0.0 for s in lead) and all(0.03 < s <= 0.04 for s in timed)

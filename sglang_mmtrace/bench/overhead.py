@@ -225,8 +225,8 @@ def switch_route(
     (``extra["parts"]`` for an ablation level; for the between-windows arm, tracing windows closed now and
     past the request, ``closed_windows``, kept in ``extra["windows"]``); with ``peer`` also SGLang's trace level
     (``PEER_TRACE_LEVEL`` for the peer arm, 0 for the others; sent only when it changes). Then wait
-    until ``gap_s`` has passed since the previous response ended, so every request, whatever its arm,
-    starts after the same idle gap. Keeps the switch's generation (and the trace level) in ``extra``."""
+    until ``gap_s`` has passed since the previous response ended, so every timed request, whatever its
+    arm, starts after the same idle gap (an untimed one goes at once). Keeps the switch's generation (and the trace level) in ``extra``."""
     prev: dict[str, Any] = {}
 
     def route(p: Planned) -> str:
@@ -247,7 +247,8 @@ def switch_route(
                 prev["trace_level"] = level
             p.extra["trace_level"] = level
         prev["records_before"] = flipper.records() if keep_records and builds_record(p) else None
-        time.sleep(max(0.0, t_prev_end + gap_s - time.monotonic()))
+        # an untimed request (warm-up, lead-in) needs no idle time before it: the timed one after it gets its own
+        time.sleep(max(0.0, t_prev_end + (0.0 if p.warmup else gap_s) - time.monotonic()))
         return flipper.base_url
 
     return route
