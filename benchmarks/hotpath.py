@@ -28,11 +28,14 @@ clock, minus its idle rate (the API process runs no plugin thread).
     python -m benchmarks.hotpath --reps 5000     # quicker
     python -m benchmarks.hotpath --processes api scheduler --cold --leave-out   # each hook left out in turn
     python -m benchmarks.hotpath --processes api scheduler --cold --switched-off
+    python -m benchmarks.hotpath --processes api scheduler --cold --after-flip --reps 1000
 
 ``--switched-off`` (api, scheduler) also times a request whose hooks are left in place with the switch
 off (their gates closed, the middleware's ``http`` gate off) against the plain arm: what a switched-off
 plugin cost per request while it kept its hooks in place, a cost the switch's same-instance comparison
-does not see (the server now takes switched-off hooks out, ``patch.follow``).
+does not see (the server now takes switched-off hooks out, ``patch.follow``). ``--after-flip`` (api,
+scheduler) times a request right after the switch was flipped off and on (``after_flip``) against one
+on an arm never flipped: the part of a same-instance run's carry-over that the flip itself makes.
 """
 
 from __future__ import annotations
@@ -85,12 +88,21 @@ GATE: list[bool] | None = None
 ``[]`` while building a ``--switched-off`` arm (its hooks pass every call straight through)."""
 
 
+PLACED: list[tuple[type, str, Any, Any]] | None = None
+"""While an ``--after-flip`` arm is built: each class attribute its hooks replaced, as (class, name,
+the stand-in's own function, the hook)."""
+
+
 def wrap_method(cls: type, attr: str, hook_id: str, kind: str) -> None:
     """What ``patch.apply`` does to a class attribute, on a stand-in class (nothing for a hook that is
     an NVTX range only: no tool is attached here, and the plugin applies none then)."""
     spec = hooks()[hook_id]
     if not spec.nvtx_only:
-        setattr(cls, attr, hooked(cls, cls.__dict__[attr], spec.make(kind), GATE))
+        original = cls.__dict__[attr]
+        hook = hooked(cls, original, spec.make(kind), GATE)
+        setattr(cls, attr, hook)
+        if PLACED is not None:
+            PLACED.append((cls, attr, original, hook))
 
 
 def wrap_function(fn: Callable[..., Any], hook_id: str, kind: str) -> Callable[..., Any]:
@@ -121,6 +133,35 @@ def switched_off(
         return {kind: summarize(samples, unit, "@handoff") for kind, samples in by_kind(plain, off, args, 7).items()}
     finally:
         http.on = True
+
+
+def after_flip(
+    build: Callable[[], Callable[[bool], Callable[[], Any]]], args: argparse.Namespace, unit: str
+) -> dict[str, Any]:
+    """``--after-flip``: image and text requests up to the hand-off, each right after the switch was
+    flipped off and on again (untimed: every hooked class attribute put back to the stand-in's own
+    function, then the hook again, as ``patch.follow`` does), against the same requests on an arm
+    never flipped. Both start with cold data caches under ``--cold``; the difference is what a flip
+    leaves the next request to redo (the interpreter's type caches and specialised call sites of the
+    classes whose attributes changed): the part of the carry-over between a same-instance run's arms
+    that the flip itself makes. Module-level functions the hooks rebind are not flipped here."""
+    global PLACED
+    PLACED = []
+    try:
+        flipped = build()
+        placed = PLACED
+    finally:
+        PLACED = None
+    steady = build()
+
+    def flip_then(image: bool) -> Callable[[], Any]:
+        for cls, attr, original, _ in placed:
+            setattr(cls, attr, original)
+        for cls, attr, _, hook in placed:
+            setattr(cls, attr, hook)
+        return flipped(image)
+
+    return {kind: summarize(s, unit, "@handoff") for kind, s in by_kind(steady, flip_then, args, 11).items()}
 
 
 Arm = Callable[[], Callable[[], Any]]
@@ -756,6 +797,10 @@ def run_api(args: argparse.Namespace) -> dict[str, Any]:
         out["switched_off"] = switched_off(
             lambda: build_api(True, args.steps), plain, args, "µs per request up to its first SSE body bytes"
         )
+    if args.after_flip:
+        out["after_flip"] = after_flip(
+            lambda: build_api(True, args.steps), args, "µs per request up to its first SSE body bytes, after a flip"
+        )
     return out
 
 
@@ -1038,6 +1083,10 @@ def run_scheduler(args: argparse.Namespace) -> dict[str, Any]:
         out["switched_off"] = switched_off(
             lambda: build_scheduler(True)[0], plain_prefill, args, "µs per request up to stream_output"
         )
+    if args.after_flip:
+        out["after_flip"] = after_flip(
+            lambda: build_scheduler(True)[0], args, "µs per request up to stream_output, after a flip"
+        )
     return out
 
 
@@ -1208,6 +1257,10 @@ def table(result: dict[str, Any]) -> str:
     for proc, body in result["processes"].items():
         for name, s in body.get("switched_off", {}).items():
             lines.append(fmt_row(proc, f"switch off, hooks left in place, up to the hand-off: {name}", s))
+        for name, s in body.get("after_flip", {}).items():
+            lines.append(
+                fmt_row(proc, f"right after a flip off and on, against unflipped, up to the hand-off: {name}", s)
+            )
     marginals = [
         f"| {proc} | {kind} | {name} | **{s['marginal_median_us']:.2f}** "
         f"[{s['marginal_ci95_us'][0]:.2f}, {s['marginal_ci95_us'][1]:.2f}] |"
@@ -1255,6 +1308,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="api, scheduler: also time requests with the hooks in place and the switch off, against plain",
     )
+    ap.add_argument(
+        "--after-flip",
+        action="store_true",
+        help="api, scheduler: also time requests right after the switch was flipped off and on, against unflipped",
+    )
     ap.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1276,6 +1334,7 @@ def main(argv: list[str] | None = None) -> int:
             "cold": args.cold,
             "leave_out": args.leave_out,
             "switched_off": args.switched_off,
+            "after_flip": args.after_flip,
         },
         "method": (
             "stand-ins of the hooked SGLang targets, wrapped with the real hook wrappers (registry.HOOKS[id].make(kind)) "
@@ -1294,6 +1353,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--cold"] if args.cold else []
         cmd += ["--leave-out"] if args.leave_out and proc in ("api", "scheduler") else []
         cmd += ["--switched-off"] if args.switched_off and proc in ("api", "scheduler") else []
+        cmd += ["--after-flip"] if args.after_flip and proc in ("api", "scheduler") else []
         print(f"[hotpath] {proc} ...", flush=True)
         subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
         result["processes"][proc] = json.loads(Path(out).read_text())
