@@ -166,14 +166,13 @@ def paired_plan(
 
     ``lead_in``: before each timed request an untimed one of the same arm and kind (``new_image``: an
     image of its own), so that every timed request follows one of its own arm, as on a server whose
-    switch is not flipped per request. Why: the request right after a switch flip, or after another
-    arm's request, pays for what the flip and that request left behind (the switch puts SGLang's
-    functions back or the hooks in, which leaves the interpreter's specialised call sites and the CPU
-    caches cold; the other arm's request leaves its own after-work), and with the arms alternating
-    request by request each arm follows a fixed set of other arms, so that carry-over lands unevenly
-    on the arms (an A/A off its zero). The lead-ins double the requests; the arms of a kind stay
-    next to each other, which keeps their pairing (grouping a round's requests by arm instead made
-    the paired differences as noisy as the TTFTs themselves)."""
+    switch is not flipped per request. Why: the request right after another arm's pays for what that
+    request left behind (its after-work; the flip between them adds little: the interpreter's caches
+    of the classes whose functions it swapped), and with the arms alternating request by request each
+    arm follows a fixed set of other arms, so that carry-over lands unevenly on the arms (an A/A off
+    its zero). The lead-ins double the requests; the arms of a kind stay next to each other, which
+    keeps their pairing (grouping a round's requests by arm instead made the paired differences as
+    noisy as the TTFTs themselves)."""
     plan = []
     for r in range(-warmup_rounds, rounds):
         order = arm_order(r, control, peer, between)
