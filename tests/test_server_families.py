@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import records, server_context, start_server
+from record_checks import pretty
 
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
 from sglang_mmtrace.harness.families import families
@@ -148,4 +149,5 @@ def test_cached_tokens_and_coverage_on_every_record(run: Run) -> None:
         assert rec["status"] == "ok", (kind, rec["error"])
         assert rec["prompt_tokens"] == usage["prompt_tokens"], kind
         assert rec["cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"], kind
-        assert rec["coverage"] >= 0.99, (kind, rec["coverage"])
+        # the whole record on failure: where the uncovered time lies (between which stages, which process)
+        assert rec["coverage"] >= 0.99, f"{kind}: coverage {rec['coverage']}\n{pretty(rec)}{run.context()}"
