@@ -1321,6 +1321,22 @@ def test_lead_in_puts_an_untimed_request_of_the_same_arm_and_kind_before_each_ti
     assert len(bare) == 2 * 3 * 4 and not any(p.warmup for p in bare)
 
 
+def test_overhead_plan_makes_each_image_when_its_request_is_sent(monkeypatch: Any) -> None:
+    """A plan of many rounds encodes no new image up front: a run a deadline ends early pays only for
+    the requests it sent."""
+    made: list[int] = []
+    real = overhead.make_image
+    monkeypatch.setattr(overhead, "make_image", lambda *a, **k: made.append(1) or real(*a, **k))
+    wl = overhead.Workload(seed=3, nonce="n", size=(32, 24))
+    assert len(made) == 1  # the same-image request's one JPEG
+    plan = overhead.paired_plan("overhead", rounds=50, warmup_rounds=1, workload=wl, control=True, lead_in=True)
+    assert len(made) == 1
+    new = [p for p in plan if p.extra["kind"] == "new_image"]
+    first, second = new[0].chat(), new[1].chat()
+    assert len(made) == 3 and first != second and first == new[0].chat()
+    assert first == wl.messages("new_image", new[0].round, f"{new[0].extra['arm']} lead-in")  # new[0]: a lead-in
+
+
 def test_switch_route_idles_the_gap_before_timed_requests_only(monkeypatch: Any) -> None:
     """Every timed request starts ``gap_s`` after the previous response ended; an untimed one (a
     warm-up or a lead-in) at once: its own idle time would measure nothing."""

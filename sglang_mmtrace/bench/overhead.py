@@ -56,6 +56,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -188,13 +189,14 @@ def paired_plan(
 def _planned(
     experiment: str, workload: Workload, kind: str, arm: str, r: int, slot: str, info: dict[str, Any], warmup: bool
 ) -> Planned:
-    """One request of ``paired_plan``: ``warmup`` ones are sent but never timed (runner drops them)."""
+    """One request of ``paired_plan``: ``warmup`` ones are sent but never timed (runner drops them). Its
+    messages are made when it is sent (``Planned.messages``), not with the plan."""
     return Planned(
         experiment,
         f"{kind}: {arm_label(arm)}",
         ALL_ARMS.index(arm),
         kind,
-        workload.messages(kind, r, slot),
+        partial(workload.messages, kind, r, slot),
         r,
         warmup,
         info,
