@@ -1,8 +1,8 @@
 """Carry-over in a same-instance overhead run: each arm's TTFT by the arm of the request sent before it.
 
-With the arms alternating request by request (``bench --experiment overhead --no-lead-in``, and every
-run before the lead-in became the default), the request right after another arm's pays for what that
-request and the switch flip before it left behind, and each arm follows a fixed set of other arms.
+With the arms alternating request by request (``bench --experiment overhead`` without ``--lead-in``),
+the request right after another arm's pays for what that request and the switch flip before it left
+behind, and each arm follows a fixed set of other arms.
 This tool shows it: per kind and arm, the median client TTFT (ms) of the requests whose predecessor
 (in sending order, the previous line) was each other arm, and the difference between predecessors
 on the plugin's switch (``on``) and off it, for the arms that have both. A run with lead-ins has
@@ -14,6 +14,7 @@ untimed requests between its lines, so its predecessors are not in the lines: us
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections import defaultdict
 
 import numpy as np
@@ -26,7 +27,7 @@ def by_predecessor(lines: list[dict]) -> dict[tuple[str, str, str], list[float]]
     """(kind, arm, the previous line's arm) -> client TTFTs in ms, of the timed requests that answered."""
     out: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     ordered = sorted(lines, key=lambda ln: ln["bench"]["sent_unix_s"])
-    for prev, ln in zip(ordered, ordered[1:], strict=False):
+    for prev, ln in itertools.pairwise(ordered):
         b = ln["bench"]
         if b["ok"] and b.get("client_ttft_s") is not None:
             out[(b["kind"], b["arm"], prev["bench"]["arm"])].append(b["client_ttft_s"] * 1e3)
