@@ -391,7 +391,8 @@ def stage_states(manifest: Manifest, results: list[HookCheck]) -> dict[str, tupl
 
     out: dict[str, tuple[str, str]] = {}
     for stage in STAGES:
-        mine = [r for r in results if stage in r.entry.stages and r.entry.required]
+        theirs = [r for r in results if stage in r.entry.stages]
+        mine = [r for r in theirs if r.entry.required] or theirs  # a stage only optional hooks measure
         failed = [r for r in mine if not r.ok]
         why = "; ".join(f"{r.entry.hook_id}: {r.why}" for r in failed)
         if stage in JOINED_STAGES:

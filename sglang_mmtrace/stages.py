@@ -36,6 +36,7 @@ SCHEDULER_PREFIX_MATCH = "scheduler.prefix_match"
 SCHEDULER_BATCH = "scheduler.batch"
 MODEL_FORWARD = "model.forward"
 MODEL_VISION_ENCODER = "model.vision_encoder"
+MODEL_AUDIO_ENCODER = "model.audio_encoder"
 MODEL_EMBED = "model.embed"
 MODEL_PREFILL = "model.prefill"
 MODEL_SAMPLE = "model.sample"
@@ -59,8 +60,10 @@ class Stage:
     extra: bool = False
     expected: str | None = None
     """When a record must have this stage, else it lists it as ``unobserved``: ``media`` (the request
-    carried images, video or audio), ``media_new`` (and some item missed the preprocessing cache),
-    ``encoder`` (and its embeddings were neither a cache hit nor in the radix prefix)."""
+    carried images, video or audio), ``visual`` (images or video: an audio clip's read has no seam of its
+    own), ``media_new`` (and some item missed the preprocessing cache),
+    ``encoder`` (an image or video whose embeddings were not proved a cache hit or in the radix
+    prefix), ``audio_encoder`` (the same for an audio clip)."""
     stored_by: tuple[str, ...] = ()
     """The hooks (manifest hook ids) that take a time the stage is built from: around the call they
     wrap, or read from SGLang's own notes. Empty for a stage the join builds from other stages' ends."""
@@ -127,10 +130,10 @@ _CATALOGUE: tuple[Stage, ...] = (
     Stage(
         MM_LOAD,
         API,
-        "per image: fetch or base64-decode, content hash",
+        "per image or video: fetch or base64-decode, content hash (an audio clip's read is inside its mm.decode)",
         parent=MM_PROCESS,
         per_image=True,
-        expected="media",
+        expected="visual",
         stored_by=("mm_processor.load", "mm_processor_generic.fetch", "mm_processor_generic.load_decode"),
         emitted_by=("mm_processor.load", "mm_processor_generic.load_decode"),
     ),
@@ -279,6 +282,17 @@ _CATALOGUE: tuple[Stage, ...] = (
         emitted_by=("batch_result.prefill",),
     ),
     Stage(
+        MODEL_AUDIO_ENCODER,
+        SCHEDULER,
+        "audio encoder forward (GPU-timed; the model's get_audio_feature); attr modality (audio)",
+        parent=MODEL_FORWARD,
+        gpu_timed=True,
+        batch=True,
+        expected="audio_encoder",
+        stored_by=("mm_embedding.audio_encoder",),
+        emitted_by=("batch_result.prefill",),
+    ),
+    Stage(
         MODEL_EMBED,
         SCHEDULER,
         "visual embedding injection into the LM input embeddings",
@@ -369,13 +383,24 @@ ROOT = REQUEST
 ORDER: dict[str, int] = {s.name: i for i, s in enumerate(_CATALOGUE)}
 
 
-def unobserved(present: set[str], media: int, preprocess: str, embedding: str | None) -> list[str]:
+def unobserved(
+    present: set[str], media: dict[str, int], preprocess: str | None, embedding: dict[str, str | None]
+) -> list[str]:
     """The stages a finished request should have had and did not get (``Stage.expected``), in catalogue
-    order: ``media`` items in the request, the record's preprocessing and embedding-cache outcomes."""
+    order: ``media`` items per modality in the request, the record's preprocessing outcome and its
+    embedding outcome per modality (``join.outcomes``: ``None`` where unproved, which expects the
+    encoder: a run that was not seen is not a run that was not needed)."""
+    carried = {m for m, n in media.items() if n}
+
+    def encodes(modalities: set[str]) -> bool:
+        return any(embedding.get(m) not in ("hit", "off") for m in carried & modalities)
+
     when = {
-        "media": media > 0,
-        "media_new": media > 0 and preprocess != "hit",
-        "encoder": media > 0 and embedding != "hit",
+        "media": bool(carried),
+        "visual": bool(carried & {"image", "video"}),
+        "media_new": bool(carried) and preprocess != "hit",
+        "encoder": encodes({"image", "video"}),
+        "audio_encoder": encodes({"audio"}),
     }
     return [s.name for s in _CATALOGUE if s.expected is not None and when[s.expected] and s.name not in present]
 

@@ -102,7 +102,12 @@ def test_admission_is_read_before_the_prefill_and_filed_after_the_hand_off(box: 
     recv, queue, match = box.one("scheduler.recv"), box.one("scheduler.queue"), box.one("scheduler.prefix_match")
     batch, forward = box.one("scheduler.batch"), box.one("model.forward")
     assert recv[3] <= queue[2] and queue[3] == match[2] and match[3] == batch[2] and batch[3] == forward[2]
-    assert match[5] == {"cached_tokens": 12, "prompt_tokens": 20, "image_prefix_hit": True}  # as at admission
+    assert match[5] == {  # as at admission
+        "cached_tokens": 12,
+        "prompt_tokens": 20,
+        "image_prefix_hit": True,
+        "placement": {"image": [1, 1, 0]},  # one image, inside the prefix, placed by its offsets
+    }
     assert batch[5] == forward[5] == {"batch_size": 1} and forward[0] == ("A",)
     skipped = box.one("model.vision_encoder")  # the image was in the matched prefix: the encoder's marker
     assert skipped[2] == skipped[3] and skipped[5]["skipped"] is True and skipped[5]["images"] == 1
@@ -248,7 +253,7 @@ def test_the_forwards_image_owners_are_read_from_the_batch_at_its_launch(box: Bo
     hook("scheduler.run_batch", scheduler)(lambda b: seen.append(ss.current), None, (batch,), {})
     (ctx,) = seen
     assert ctx.rids == ("new", "cached", "text")
-    assert ctx.needs_embed == {"new": 1, "untraced": 1}
+    assert ctx.needs_embed == {"new": [(0, "image")], "untraced": [(2, "image")]}
     assert ctx.hash_to_rids == {0: ["new"], 1: ["cached"], 2: ["untraced"]}
 
     # a text prefill: no image anywhere in the batch, nothing read past the list

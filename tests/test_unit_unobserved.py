@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from sglang_mmtrace.join.collector import _embedding_outcome
 from sglang_mmtrace.report.analysis import format_table, summarize
 from sglang_mmtrace.stages import unobserved
 
 
 def test_unobserved_lists_what_a_media_request_should_have_had():
     every = {"mm.process", "mm.load", "mm.decode", "mm.resize_normalize", "mm.expand", "model.vision_encoder"}
-    assert unobserved(every, 1, "off", "miss") == []
-    assert unobserved({"mm.process"}, 1, "off", None) == [
+    assert unobserved(every, {"image": 1}, "off", {"image": "miss"}) == []
+    assert unobserved({"mm.process"}, {"image": 1}, "off", {"image": None}) == [
         "mm.load",
         "mm.decode",
         "mm.resize_normalize",
@@ -18,15 +17,18 @@ def test_unobserved_lists_what_a_media_request_should_have_had():
         "model.vision_encoder",
     ]
     # a preprocessing-cache hit skips decode and resize; an embedding-cache hit skips the encoder
-    assert unobserved({"mm.process", "mm.load", "mm.expand"}, 2, "hit", "hit") == []
-    assert unobserved(set(), 0, "off", "off") == []  # a text request expects none of them
+    assert unobserved({"mm.process", "mm.load", "mm.expand"}, {"image": 2}, "hit", {"image": "hit"}) == []
+    assert unobserved(set(), {}, "off", {}) == []  # a text request expects none of them
 
 
-def test_the_embedding_outcome_is_never_a_hit_without_evidence():
-    assert _embedding_outcome(True, set()) == "miss"
-    assert _embedding_outcome(False, {"hit"}) == "hit"
-    assert _embedding_outcome(False, {"unobserved"}) is None
-    assert _embedding_outcome(False, set()) == "off"
+def test_an_audio_clip_expects_the_audio_encoder_and_an_image_the_vision_encoder():
+    every = {"mm.process", "mm.load", "mm.decode", "mm.resize_normalize", "mm.expand"}
+    # an audio clip whose embedding is unproved expects its encoder; the image's hit does not
+    assert unobserved(every, {"image": 1, "audio": 1}, "off", {"image": "hit", "audio": None}) == [
+        "model.audio_encoder"
+    ]
+    assert unobserved(every | {"model.audio_encoder"}, {"audio": 1}, "off", {"audio": "miss"}) == []
+    assert unobserved(every, {"video": 1}, "off", {"video": "miss"}) == ["model.vision_encoder"]
 
 
 def test_report_says_which_stages_were_unobserved():

@@ -31,6 +31,7 @@ from ..stages import (
     DETOKENIZER,
     DISPATCH,
     HTTP_PARSE,
+    MODEL_AUDIO_ENCODER,
     MODEL_EMBED,
     MODEL_VISION_ENCODER,
     OPENAI_CONVERT,
@@ -48,6 +49,7 @@ from ..stages import (
 from ..windows import Schedule
 from . import ipc
 from .context import ApiTrace, HttpCtx, from_wire
+from .outcomes import Embedding, Evidence, Placement, decide
 from .record import EmitContext, HttpFacts, StageEvent, coverage, merge_chunks, stage_dicts
 
 logger = logging.getLogger("sglang_mmtrace")
@@ -576,12 +578,7 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     prefix = next((e.attrs for e in remote if e.name == SCHEDULER_PREFIX_MATCH), None)
     prompt_tokens = prefix.get("prompt_tokens") if prefix else trace.meta_prompt_tokens
     cached_tokens = prefix.get("cached_tokens") if prefix else trace.meta_cached_tokens
-    image_prefix_hit = bool(prefix.get("image_prefix_hit")) if prefix else False
-    vit = [e for e in remote if e.name == MODEL_VISION_ENCODER and not e.attrs.get("skipped")]
-    emb_states = {e.attrs.get("embedding_cache") for e in remote if e.name in (MODEL_EMBED, MODEL_VISION_ENCODER)}
-    emb_states.discard(None)
-    embedding = _embedding_outcome(bool(vit), emb_states)
-    preprocess = ("miss" if "miss" in trace.preprocess else "hit") if trace.preprocess else "off"
+    cache = decide(evidence(trace, remote, prefix))
     return {
         "rid": trace.rid,
         "trace_id": _trace_id(http),
@@ -596,12 +593,17 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
         "cached_tokens": int(cached_tokens or 0),
         "output_tokens": int(trace.output_tokens or 0),
         "images": trace.images,
-        "cache": {"preprocess": preprocess, "embedding": embedding, "image_prefix_hit": image_prefix_hit},
+        "cache": cache.as_record(),
         "transport": {"mode": trace.transport_mode or "none", "bytes": int(trace.transport_bytes)},
         "stages": stages,
         "attributed_s": round(attributed, 9),
         "coverage": round(cov, 6),
-        "unobserved": unobserved({s["name"] for s in stages}, trace.media, preprocess, embedding)
+        "unobserved": unobserved(
+            {s["name"] for s in stages},
+            trace.media,
+            cache.preprocess,
+            {m: o["embedding"] for m, o in cache.modalities.items()},
+        )
         if status == "ok" and ttft is not None
         else [],
         **({"warmup": True} if trace.warmup else {}),
@@ -609,15 +611,22 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
     }
 
 
-def _embedding_outcome(encoded: bool, states: set[Any]) -> str | None:
-    """The record's ``cache.embedding``: ``miss`` when the encoder ran for the request, ``hit`` when it was
-    embedded and the encoder, whose every call is seen, did not run for it; None when neither was
-    observed (the encoder's hook is not on this model): never a hit without evidence."""
-    if encoded or "miss" in states:
-        return "miss"
-    if "hit" in states:
-        return "hit"
-    return None if "unobserved" in states else "off"
+def evidence(trace: ApiTrace, remote: list[StageEvent], prefix: dict[str, Any] | None) -> Evidence:
+    """What the request's events prove about its caches (``join.outcomes``), gathered from the
+    scheduler's admission (``placement``), its forwards' ``model.embed`` (``items``) and encoder runs."""
+    placed = prefix.get("placement") if prefix else None
+    placement = {m: Placement(*c) for m, c in placed.items()} if isinstance(placed, dict) else None
+    embedding: dict[str, Embedding] = {}
+    for e in remote:
+        if e.name == MODEL_EMBED:
+            for m, (needed, hit, miss) in (e.attrs.get("items") or {}).items():
+                got = embedding.setdefault(m, Embedding())
+                got.needed += needed
+                got.hit += hit
+                got.miss += miss
+        elif e.name in (MODEL_VISION_ENCODER, MODEL_AUDIO_ENCODER) and not e.attrs.get("skipped"):
+            embedding.setdefault(str(e.attrs.get("modality") or "image"), Embedding()).encoded = True
+    return Evidence(dict(trace.media), placement, embedding, tuple(trace.preprocess))
 
 
 def _ended(trace: ApiTrace) -> float | None:

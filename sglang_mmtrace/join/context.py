@@ -138,7 +138,7 @@ class ApiTrace:
         self.warmup = False  # a warm-up request (SGLang's start-up request, or marked by its client)
         self.gpu_pending: list[tuple[str, float, float, dict[str, Any], Any, int]] = []  # see add_gpu
         self.sglang_state: Any = None  # SGLang's own state of the rid (its ReqState): see read_sglang_notes
-        self.media = 0  # images, videos and audio clips the request carried (its stages are then expected)
+        self.media: dict[str, int] = {}  # modality -> items the request carried (its stages are then expected)
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
         self.events.append((name, API, t0, t1, clock, attrs or {}, None))

@@ -104,9 +104,10 @@ def _nv(stage: str, detail: Any = _traced_rid) -> tuple[str, Any]:
 
 def _request_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     trace = current_trace.get()
-    # the TokenizerManager passes request_obj by name (its position differs between processors)
-    video = getattr(kwargs.get("request_obj"), "video_data", None)
-    if trace is None or not (arg(args, kwargs, 0, "image_data") or video):
+    # the TokenizerManager passes its arguments by name (positions differ between processors)
+    obj = kwargs.get("request_obj")
+    media = kwargs.get("image_data") or getattr(obj, "video_data", None) or getattr(obj, "audio_data", None)
+    if trace is None or not media:
         return None
     req = _MmReq(trace)
     return req, current_mm.set(req)
@@ -174,13 +175,19 @@ def _load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     fetched = getattr(_tls, "fetch", None) or []
     _tls.fetch = st
     modality = getattr(arg(args, kwargs, 1, "modality"), "name", None)
-    if modality not in ("IMAGE", "VIDEO") or exc is not None or isinstance(result, dict):
-        return  # audio, failed, or already-preprocessed input (returned as is)
+    if modality not in ("IMAGE", "VIDEO", "AUDIO") or exc is not None or isinstance(result, dict):
+        return  # failed, or already-preprocessed input (returned as is)
     trace = _trace()
     if trace is None:
         return
     if modality == "VIDEO":  # the source read and the container opened: its frames decode later
         trace.add(MM_LOAD, t0, t1, {"modality": "video"})
+        return
+    if modality == "AUDIO":
+        # SGLang's load_audio reads the source (base64 or file), decodes and resamples in one call
+        # with no seam between: one mm.decode, its read included (with_read)
+        samples = getattr(result, "shape", (0,))[-1] if getattr(result, "shape", None) else 0
+        trace.add(MM_DECODE, t0, t1, {"modality": "audio", "with_read": True, "samples": int(samples)})
         return
     size = image_size(result)
     nbytes = sum(n for _, _, n in fetched)
@@ -254,12 +261,18 @@ def _combine_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         trace.transport_mode = "cuda_ipc"
     if exc is not None or c.t_resize_end is None:
         return
-    items = [it for it in (result[0] or ()) if getattr(getattr(it, "modality", None), "name", None) == "IMAGE"]
-    if not items:
+    every = [it for it in (result[0] or ()) if getattr(getattr(it, "modality", None), "name", None)]
+    if not every:
         return
+    items = [it for it in every if it.modality.name == "IMAGE"]
     expand_end = c.ipc[0][0] if c.ipc else t1
     visual = [sum(e - s + 1 for s, e in (getattr(it, "offsets", None) or ())) for it in items]
-    split = (c.t_resize_end, max(c.t_resize_end, expand_end), {"images": len(items), "visual_tokens": sum(visual)})
+    split_attrs: dict[str, Any] = {"images": len(items), "visual_tokens": sum(visual)}
+    audio = [it for it in every if it.modality.name == "AUDIO"]
+    if audio:
+        split_attrs["audios"] = len(audio)
+        split_attrs["audio_tokens"] = sum(e - s + 1 for it in audio for s, e in (getattr(it, "offsets", None) or ()))
+    split = (c.t_resize_end, max(c.t_resize_end, expand_end), split_attrs)
     req = current_mm.get()
     if req is not None:
         req.split = split  # joined with the EL tail into one mm.expand when the request scope ends
@@ -325,9 +338,12 @@ def _resize_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
     if c is not None:
         c.t_resize_end = t1
     images, videos = arg(args, kwargs, 1, "images"), arg(args, kwargs, 2, "videos")
+    audios = arg(args, kwargs, 3, "audios")
     attrs = {"images": len(images or ())}
     if videos:
         attrs["videos"] = len(videos)
+    if audios:
+        attrs["audios"] = len(audios)  # for audio, the processor's feature extraction (log-mel)
     _gpu_stage(MM_RESIZE_NORMALIZE, t0, t1, *_end_mark(ev), attrs)
 
 
@@ -373,12 +389,12 @@ HOOKS: dict[str, HookSpec] = {
 
 # the arguments each hook reads from its target (registry.READS_OF)
 READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
-    "mm_processor_generic.request": ((0, "image_data"), (None, "request_obj")),
+    "mm_processor_generic.request": ((None, "image_data"), (None, "request_obj")),
     "mm_processor_generic.load_decode": ((1, "modality"),),
     "mm_processor_generic.video_frames": ((0, "indices"),),
     "mm_processor_generic.video_frames_tensor": ((0, "indices"),),
     "mm_processor_generic.internvl_tiles": ((0, "tensor"),),
     "mm_processor_generic.combine": ((0, "base_output"),),
-    "mm_processor_generic.resize_normalize": ((1, "images"), (2, "videos")),
+    "mm_processor_generic.resize_normalize": ((1, "images"), (2, "videos"), (3, "audios")),
     "mm_processor_generic.cuda_ipc": ((0, "tensor"),),
 }

@@ -7,6 +7,7 @@ from typing import Any
 
 from ... import config, runtime, telemetry
 from ...join.context import LIVE, ApiTrace, current_call, current_http, current_trace
+from ...join.outcomes import MODALITIES
 from ...stages import DISPATCH, TOKENIZE
 from ..base import HookSpec, arg, before, error_class, interval, now, ranged
 
@@ -87,7 +88,8 @@ def _tokenize_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     rid = getattr(obj, "rid", None)
     trace = LIVE.get(rid) if isinstance(rid, str) else None
     if trace is not None:
-        trace.media = sum(_count(getattr(obj, f, None)) for f in ("image_data", "video_data", "audio_data"))
+        media = {m: _count(getattr(obj, f"{m}_data", None)) for m in MODALITIES}
+        trace.media = {m: n for m, n in media.items() if n}
     return trace, current_trace.set(trace)
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...join.outcomes import Embedding, Placement, combine, modality_embedding, prefix_hit_of
 from ...stages import (
+    MODEL_AUDIO_ENCODER,
     MODEL_EMBED,
     MODEL_FORWARD,
     MODEL_PREFILL,
@@ -26,7 +28,7 @@ from ...stages import (
 )
 from ..base import HookSpec, arg, interval
 from . import state as ss
-from .schedule_batch import prefix_images
+from .schedule_batch import placement, vision_in_prefix
 
 
 def _emit_admission(req: Any, tr: ss.ReqTrace) -> None:
@@ -34,14 +36,16 @@ def _emit_admission(req: Any, tr: ss.ReqTrace) -> None:
     creation and admission fixed (once per request; before ``_emit_forward``, which clears ``t_match1``)."""
     cached, prefix = tr.admission
     tr.admission = None
-    tr.vit_skipped = prefix_images(req, prefix)
+    placed = placement(req, prefix)
+    tr.vit_skipped = vision_in_prefix(placed)
     m0, m1 = tr.t_match0, tr.t_match1
     ss.emit(tr.rid, SCHEDULER_RECV, tr.t_recv, tr.t_enqueue)
     ss.emit(tr.rid, SCHEDULER_QUEUE, tr.t_enqueue, m0)
     attrs = {
         "cached_tokens": int(cached or 0),
         "prompt_tokens": len(req.origin_input_ids),
-        "image_prefix_hit": tr.vit_skipped > 0,
+        "image_prefix_hit": prefix_hit_of({m: Placement(*c) for m, c in placed.items()}),
+        "placement": placed,
     }
     ss.emit(tr.rid, SCHEDULER_PREFIX_MATCH, m0, m1, attrs=attrs)
 
@@ -60,27 +64,27 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
     clock, rids = ctx.clock, ctx.rids
     name = clock.name
     base = {"batch_size": batch_size}
-    miss_rids: dict[str, int] = {}
+    encoded: set[Any] = set()  # item hashes an encoder call took in this forward
     vit_end = None
     for m0, m1, hashes, modality in ctx.vit:
         owners: dict[str, int] = {}
         for h in hashes:
+            encoded.add(h)
             for rid in ctx.hash_to_rids.get(h, ()):
                 owners[rid] = owners.get(rid, 0) + 1
         t0, t1 = clock.host(m0), clock.host(m1)
         vit_end = t1 if vit_end is None else max(vit_end, t1)
-        for rid, n in owners.items():
-            miss_rids[rid] = miss_rids.get(rid, 0) + n
         if owners:
+            audio = modality == "audio"
             ss.emit(
                 tuple(owners),
-                MODEL_VISION_ENCODER,
+                MODEL_AUDIO_ENCODER if audio else MODEL_VISION_ENCODER,
                 t0,
                 t1,
                 name,
                 {
                     **base,
-                    "images": len(hashes),
+                    "items" if audio else "images": len(hashes),
                     "requests": len(owners),
                     "modality": modality,
                     "embedding_cache": "miss",
@@ -93,17 +97,37 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
         e0, e1 = clock.host(ctx.embed[0]), clock.host(ctx.embed[1])
         embed_end = e1
         start = vit_end if vit_end is not None and e0 <= vit_end <= e1 else e0
-        hooked = ss.encoder_hooked()
-        for rid in ctx.needs_embed:
-            # no encoder call for its items is a cache hit only where every encoder call is seen
-            cache = "miss" if rid in miss_rids else "hit" if hooked else "unobserved"
-            ss.emit(rid, MODEL_EMBED, start, e1, name, {**base, "embedding_cache": cache})
+        seen = ss.encoded_modalities()
+        for rid, items in ctx.needs_embed.items():
+            evidence = _embedding_evidence(items, encoded, ctx.lookups, seen)
+            cache = combine([modality_embedding(None, Embedding(*c))[0] for c in evidence.values()])
+            ss.emit(rid, MODEL_EMBED, start, e1, name, {**base, "embedding_cache": cache, "items": evidence})
     if ctx.fwd is not None:
         f0, f1 = clock.host(ctx.fwd[0]), clock.host(ctx.fwd[1])
         start = embed_end if embed_end is not None and f0 <= embed_end <= f1 else f0
         ss.emit(rids, MODEL_PREFILL, start, f1, name, base)
     if ctx.sample is not None:
         ss.emit(rids, MODEL_SAMPLE, clock.host(ctx.sample[0]), clock.host(ctx.sample[1]), name, base)
+
+
+def _embedding_evidence(
+    items: list[tuple[Any, str]], encoded: set[Any], lookups: dict[Any, bool], seen: frozenset[str]
+) -> dict[str, list[int]]:
+    """Per modality, [items overlapping the extend, proved hits, proved misses] of one request in one
+    forward (``join.outcomes.Embedding``): an item an encoder call took missed; else its first lookup
+    decides, a found entry only where the modality's encoder calls are seen."""
+    out: dict[str, list[int]] = {}
+    for h, modality in items:
+        counts = out.setdefault(modality, [0, 0, 0])
+        counts[0] += 1
+        if h in encoded:
+            counts[2] += 1
+        elif h in lookups:
+            if not lookups[h]:
+                counts[2] += 1
+            elif modality in seen:
+                counts[1] += 1
+    return out
 
 
 def _emit_skipped_encoder(ctx: ss.FwdCtx, base: dict[str, Any]) -> None:

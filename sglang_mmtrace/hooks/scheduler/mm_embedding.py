@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...stages import MODEL_EMBED, MODEL_VISION_ENCODER
-from ..base import HookSpec, arg
+from ...stages import MODEL_AUDIO_ENCODER, MODEL_EMBED, MODEL_VISION_ENCODER
+from ..base import HookSpec, arg, interval
 from . import state as ss
 from .model_runner import around_forward, marked
 
@@ -43,6 +43,22 @@ def _store_vit(ctx: ss.FwdCtx, m0: Any, m1: Any, args: tuple, kwargs: dict) -> N
     ctx.vit.append((m0, m1, [getattr(it, "hash", None) for it in items], modality))
 
 
+def _lookup_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """One embedding-cache lookup (``get_single``): only a forward's first lookup of a hash is
+    evidence, for SGLang looks a miss up again after inserting what it encoded."""
+    ctx = ss.current
+    if ctx is not None and exc is None:
+        ctx.lookups.setdefault(arg(args, kwargs, 0, "mm_hash"), result is not None)
+
+
+def _combined_lookup_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """A lookup of a request's items together (``get``: multi-span or EVS items): one outcome for all."""
+    ctx = ss.current
+    if ctx is not None and exc is None:
+        for h in arg(args, kwargs, 0, "mm_hashes") or ():
+            ctx.lookups.setdefault(h, result is not None)
+
+
 PART = "scheduler"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
@@ -55,10 +71,19 @@ HOOKS: dict[str, HookSpec] = {
     "mm_embedding.video_encoder": around_forward(
         "mm_embedding.video_encoder", MODEL_VISION_ENCODER, _vit_owners, _store_vit
     ),
+    "mm_embedding.audio_encoder": around_forward(
+        "mm_embedding.audio_encoder", MODEL_AUDIO_ENCODER, _vit_owners, _store_vit
+    ),
+    # SGLang's embedding cache, whose first lookup of an item in a forward proves a hit or a miss
+    "mm_embedding.cache_lookup": interval("mm_embedding.cache_lookup", _lookup_exit),
+    "mm_embedding.cache_lookup_combined": interval("mm_embedding.cache_lookup_combined", _combined_lookup_exit),
 }
 
 # the arguments each hook reads from its target (registry.READS_OF)
 READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
     "mm_embedding.vision_encoder": ((0, "items"),),
     "mm_embedding.video_encoder": ((0, "items"),),
+    "mm_embedding.audio_encoder": ((0, "items"),),
+    "mm_embedding.cache_lookup": ((0, "mm_hash"),),
+    "mm_embedding.cache_lookup_combined": ((0, "mm_hashes"),),
 }

@@ -43,14 +43,58 @@ def new_trace(req: Any, t_match: float) -> ss.ReqTrace | None:
     return tr
 
 
-def prefix_images(req: Any, prefix: int) -> int:
-    """Image spans of the request when all of them lie inside a prefix of ``prefix`` tokens, else 0."""
+def modality(item: Any) -> str:
+    """An item's modality as the record names it (``Modality.IMAGE`` -> ``image``)."""
+    return str(getattr(getattr(item, "modality", None), "name", "image")).lower()
+
+
+def item_spans(req: Any, item: Any) -> list[tuple[int, int]] | None:
+    """Where an item lies in the prompt (inclusive token spans): its ``offsets``, or where a model sets
+    none (SGLang's LLaVA), the runs of its ``pad_value`` in the prompt's ids, the value SGLang's
+    ``pad_input_ids`` wrote there and the radix key matches on. None when neither is known."""
+    offsets = getattr(item, "offsets", None)
+    if offsets:
+        return [(int(s), int(e)) for s, e in offsets]
+    pad = getattr(item, "pad_value", None)
+    ids = getattr(req, "origin_input_ids", None)
+    if pad is None or not ids:
+        return None
+    spans: list[tuple[int, int]] = []
+    start = -1
+    for i, tok in enumerate(ids):
+        if tok == pad:
+            if start < 0:
+                start = i
+        elif start >= 0:
+            spans.append((start, i - 1))
+            start = -1
+    if start >= 0:
+        spans.append((start, len(ids) - 1))
+    return spans or None
+
+
+def placement(req: Any, prefix: int) -> dict[str, list[int]]:
+    """Per modality, [items, items inside a prefix of ``prefix`` tokens, items not placed]: the evidence
+    of ``cache.image_prefix_hit`` and of an embedding the prefix made unnecessary (``join.outcomes``)."""
     mm = getattr(req, "multimodal_inputs", None)
-    items = getattr(mm, "mm_items", None) if mm is not None else None
-    if not items:
+    out: dict[str, list[int]] = {}
+    for item in getattr(mm, "mm_items", None) or () if mm is not None else ():
+        counts = out.setdefault(modality(item), [0, 0, 0])
+        counts[0] += 1
+        spans = item_spans(req, item)
+        if spans is None:
+            counts[2] += 1
+        elif all(e < prefix for _, e in spans):
+            counts[1] += 1
+    return out
+
+
+def vision_in_prefix(placed: dict[str, list[int]]) -> int:
+    """Images and videos of a request whose items all lie inside its prefix (else 0): the encoder runs
+    the prefix made unnecessary (``model.vision_encoder``'s ``skipped`` marker)."""
+    if not placed or any(c[2] or c[1] < c[0] for c in placed.values()):
         return 0
-    spans = [e for item in items for _, e in (item.offsets or ())]
-    return len(spans) if spans and all(e < prefix for e in spans) else 0
+    return sum(c[0] for m, c in placed.items() if m != "audio")
 
 
 def admit(req: Any, tr: ss.ReqTrace, t: float) -> None:
@@ -71,8 +115,8 @@ def admit(req: Any, tr: ss.ReqTrace, t: float) -> None:
 
 
 def scan_images(ctx: ss.FwdCtx, batch: Any) -> None:
-    """Which requests of a prefill batch need image embeddings (``ctx.needs_embed``: rid -> images
-    overlapping this extend) and which rid owns which item hash (``ctx.hash_to_rids``), read from the
+    """Which requests of a prefill batch need media embeddings (``ctx.needs_embed``: rid -> (hash,
+    modality) of its items overlapping this extend) and which rid owns which item hash (``ctx.hash_to_rids``), read from the
     ``ScheduleBatch`` at the forward's launch (``scheduler.run_batch``). Its per-request lists (the
     multimodal inputs, prefix and extend lengths, every release 0.5.17-0.5.23) are what SGLang builds the
     forward batch from, so no hook on the model's embedding routine is needed to read them: one hooked
@@ -87,11 +131,11 @@ def scan_images(ctx: ss.FwdCtx, batch: Any) -> None:
         rid = reqs[i].rid
         lo = prefix_lens[i] if i < len(prefix_lens) else 0
         hi = lo + (extend_lens[i] if i < len(extend_lens) else 0)
-        overlapping = 0
+        overlapping = []
         for item in getattr(mm, "mm_items", None) or ():
             ctx.hash_to_rids.setdefault(item.hash, []).append(rid)
-            if any(s < hi and e >= lo for s, e in (item.offsets or ())):
-                overlapping += 1
+            if any(s < hi and e >= lo for s, e in (item_spans(reqs[i], item) or ())):
+                overlapping.append((item.hash, modality(item)))
         if overlapping:
             ctx.needs_embed[rid] = overlapping
 

@@ -172,6 +172,7 @@ class FwdCtx:
         "vit",
         "needs_embed",
         "hash_to_rids",
+        "lookups",
         "batch_size",
     )
 
@@ -187,8 +188,11 @@ class FwdCtx:
         self.t_sample_end: float | None = None  # host time; sampling may run after run_batch (overlap)
         self.embed: tuple[Any, Any] | None = None
         self.vit: list[tuple[Any, Any, list[int], str]] = []  # (start, end mark, item hashes, modality)
-        self.needs_embed: dict[str, int] = {}  # rid -> images overlapping this extend
+        self.needs_embed: dict[
+            str, list[tuple[Any, str]]
+        ] = {}  # rid -> (hash, modality) of its items overlapping this extend
         self.hash_to_rids: dict[int, list[str]] = {}
+        self.lookups: dict[Any, bool] = {}  # item hash -> whether its first embedding-cache lookup found an entry
 
 
 current: FwdCtx | None = None
@@ -207,11 +211,16 @@ def emit(rids: Any, stage: str, t0: float, t1: float, clock: str = "host", attrs
         box.add(rids, stage, t0, t1, clock, attrs)
 
 
-ENCODER_HOOKS: tuple[str, ...] = ("mm_embedding.vision_encoder",)
-"""The hook that sees every encoder call of the served model (applied late, on its class)."""
+ENCODER_HOOKS: dict[str, str] = {
+    "mm_embedding.vision_encoder": "image",
+    "mm_embedding.video_encoder": "video",
+    "mm_embedding.audio_encoder": "audio",
+}
+"""The hooks that see every call of the served model's embedder of a modality (applied late, on its
+class; the embedder ``embed_mm_inputs`` resolves as ``get_<modality>_feature``)."""
 
 
-def encoder_hooked() -> bool:
-    """Whether this process sees the served model's image encoder calls: only then does an embedded
-    request with no encoder call have its embeddings from the cache (else it is unobserved)."""
-    return any(a.hook_id in ENCODER_HOOKS for a in runtime.applied)
+def encoded_modalities() -> frozenset[str]:
+    """The modalities whose encoder calls this process sees: only for those does a lookup that found an
+    entry prove a hit (a discarded entry would be encoded again, and that call would be seen)."""
+    return frozenset(ENCODER_HOOKS[a.hook_id] for a in runtime.applied if a.hook_id in ENCODER_HOOKS)
