@@ -32,7 +32,16 @@ from typing import Protocol
 
 from . import environment_variables as ev
 from .manifest import HookEntry, Manifest, load
-from .stages import MM_DECODE, MM_EXPAND, MM_LOAD, MM_PROCESS, MM_RESIZE_NORMALIZE, MODEL_VISION_ENCODER, STAGES
+from .stages import (
+    MM_DECODE,
+    MM_EXPAND,
+    MM_LOAD,
+    MM_PROCESS,
+    MM_RESIZE_NORMALIZE,
+    MODEL_AUDIO_ENCODER,
+    MODEL_VISION_ENCODER,
+    STAGES,
+)
 
 Read = tuple[int | None, str | None]
 """One argument a hook reads: (position without self/cls, name); None where it reads only the other."""
@@ -611,11 +620,26 @@ FAMILY_STAGES: dict[str, tuple[str, ...]] = {
     MM_RESIZE_NORMALIZE: ("process_and_combine_mm_data", "MediaArtifactCacheMixin", "def dynamic_preprocess"),
     MM_EXPAND: ("process_and_combine_mm_data", "MediaArtifactCacheMixin", "def dynamic_preprocess"),
 }
-"""The per-family stages, and what the family's processor source must name for the generic hooks to
-see them (its ``process_mm_data_async``; the base processor's ``load_mm_data`` and
+"""The per-family processor stages, and what the family's processor source must name for the generic
+hooks to see them (its ``process_mm_data_async``; the base processor's ``load_mm_data`` and
 ``process_and_combine_mm_data``; Qwen-VL's artifact pipeline; InternVL's own tiling, the one per-model
-hook). ``model.vision_encoder`` needs the
-model class to define ``get_image_feature``. Every other stage is the same for every model."""
+hook). An audio clip has no ``mm.load`` of its own (SGLang reads, decodes and resamples it in one call,
+its ``mm.decode``). Every other stage is the same for every model."""
+ENCODERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "image": (MODEL_VISION_ENCODER, ("get_image_feature",)),
+    "video": (MODEL_VISION_ENCODER, ("get_video_feature", "get_image_feature")),
+    "audio": (MODEL_AUDIO_ENCODER, ("get_audio_feature",)),
+}
+"""Per modality: its encoder stage, and the embedders ``embed_mm_inputs`` resolves for it (a model may
+embed video with its image embedder)."""
+GENERIC_ROUTINE = ("general_mm_embed_routine", "embed_mm_inputs", "prepare_mm_inputs")
+"""What a model's forward calls when it embeds through SGLang's generic routine: only there are the
+embedding cache's lookups and the per-modality embedders seen (``join.outcomes``)."""
+OWN_ENCODERS = {"image": ("encode_images",)}
+"""Per-model encoder hooks (manifest ``mm_embedding.llava_encoder``): a model whose own forward calls
+these is seen there instead, with no embedding cache to prove a hit."""
+TRANSFORMERS_BACKEND = "transformers"
+"""``--model-impl transformers``: SGLang serves any HF model through its own Transformers* classes."""
 
 
 def _class(tree: Tree, folder: str, name: str) -> tuple[str, ast.ClassDef] | None:
@@ -643,18 +667,22 @@ def _with_delegates(tree: Tree, module: str) -> str:
     return text
 
 
-def family_stages(tree: Tree, architecture: str) -> dict[str, tuple[str, str]]:
-    """stage -> (``ok`` or ``LOST``, why) for one model class, read from the source (no import).
+def family_stages(
+    tree: Tree, architecture: str, modalities: Iterable[str] = ("image",), model_impl: str = "sglang"
+) -> dict[str, tuple[str, str]]:
+    """stage -> (``ok`` or ``LOST``, why) for one model class and the modalities it takes, read from the
+    source (no import): what a new item's record will show, a ``LOST`` stage listed in its
+    ``unobserved`` and, for a lost encoder, its embedding outcome ``null`` (``predicted_embedding``).
 
     Static and approximate: a processor whose source names the base processor's generic path is taken
-    to go through it; the CPU tests (``tests/test_server_families.py``) measure the families built here."""
+    to go through it; the CPU tests (``tests/test_server_families.py``) check the prediction against
+    the records of every family built here."""
+    wanted = list(dict.fromkeys(modalities))
     proc = _processor_of(tree, architecture)
-    model = _class(tree, LATE_FOLDERS["model"], architecture)
     out: dict[str, tuple[str, str]] = {}
+    stages = [s for s in FAMILY_STAGES if s != MM_LOAD or set(wanted) - {"audio"}]
     if proc is None:
-        out.update(
-            dict.fromkeys(FAMILY_STAGES, ("LOST", f"no processor in {LATE_FOLDERS['processor']} lists {architecture}"))
-        )
+        out.update(dict.fromkeys(stages, ("LOST", f"no processor in {LATE_FOLDERS['processor']} lists {architecture}")))
     else:
         module, node = proc
         # what the processor's code names: its module and the processor modules it imports, the base
@@ -664,17 +692,61 @@ def family_stages(tree: Tree, architecture: str) -> dict[str, tuple[str, str]]:
         if base is not None and (found := tree.find(f"{base}.process_mm_data_async")) and not isinstance(found, str):
             parts.append(ast.unparse(found.node))
         text = "\n".join(parts)
-        for stage, names in FAMILY_STAGES.items():
+        for stage in stages:
+            names = FAMILY_STAGES[stage]
             hit = any(n in text for n in names)
             out[stage] = ("ok", "") if hit else ("LOST", f"{node.name} does not use {' or '.join(names)}")
-    if model is None:
-        out[MODEL_VISION_ENCODER] = ("LOST", f"no model class {architecture} in {LATE_FOLDERS['model']}")
-    else:
-        module, node = model
-        own = _find(node.body, "get_image_feature") is not None
-        ok = own or tree.defining_base(module, node, "get_image_feature") is not None
-        out[MODEL_VISION_ENCODER] = ("ok", "") if ok else ("LOST", f"{architecture} has no get_image_feature")
+    for modality in wanted:
+        stage, _ = ENCODERS[modality]
+        state = _encoder_state(tree, architecture, modality, model_impl)
+        if out.get(stage, ("ok", ""))[0] == "ok":
+            out[stage] = state
     return out
+
+
+def _encoder_state(tree: Tree, architecture: str, modality: str, model_impl: str) -> tuple[str, str]:
+    """Whether a new item's encoder run of ``modality`` is seen: the model's forward goes through the
+    generic routine and its class has the modality's embedder, or it calls a per-model encoder hook."""
+    if model_impl == TRANSFORMERS_BACKEND:
+        return ("LOST", "the transformers backend runs the HF model's own forward: no seam sees its encoder")
+    model = _class(tree, LATE_FOLDERS["model"], architecture)
+    if model is None:
+        return ("LOST", f"no model class {architecture} in {LATE_FOLDERS['model']}")
+    module, node = model
+    stage, embedders = ENCODERS[modality]
+
+    def has(name: str) -> bool:
+        return _find(node.body, name) is not None or tree.defining_base(module, node, name) is not None
+
+    text = _with_bases(tree, module, node)
+    if any(n in text for n in GENERIC_ROUTINE):
+        if any(has(e) for e in embedders):
+            return ("ok", "")
+        return ("LOST", f"{architecture} has no {' or '.join(embedders)}")
+    if any(has(e) and f"self.{e}(" in text for e in OWN_ENCODERS.get(modality, ())):
+        return ("ok", "")
+    return ("LOST", f"{architecture}'s forward does not go through SGLang's generic embedding routine")
+
+
+def _with_bases(tree: Tree, module: str, node: ast.ClassDef) -> str:
+    """The model class's source and that of the classes that define its ``forward`` (where the forward
+    is inherited, the base's: LLaVA's families share ``LlavaBaseForCausalLM.forward``)."""
+    text = ast.get_source_segment(tree.source.read(module.replace(".", "/") + ".py") or "", node) or ""
+    base = tree.defining_base(module, node, "forward")
+    if _find(node.body, "forward") is None and base is not None:
+        base_mod, _, base_cls = base.rpartition(".")
+        found = _class(tree, LATE_FOLDERS["model"], base_cls)
+        if found is not None:
+            text += "\n" + (
+                ast.get_source_segment(tree.source.read(base_mod.replace(".", "/") + ".py") or "", found[1]) or ""
+            )
+    return text
+
+
+def predicted_embedding(states: dict[str, tuple[str, str]], modality: str) -> str | None:
+    """A new item's ``cache.modalities[modality].embedding``: ``miss`` where its encoder run is seen."""
+    stage, _ = ENCODERS[modality]
+    return "miss" if states.get(stage, ("LOST", ""))[0] == "ok" else None
 
 
 def family_matrix(version: str, cache: Path | None = None) -> str:
@@ -683,13 +755,16 @@ def family_matrix(version: str, cache: Path | None = None) -> str:
 
     tree = Tree(WheelSource(wheel(version, cache)))
     fams = families()
-    states = {name: family_stages(tree, fam.architecture) for name, fam in fams.items()}
-    stages = [*FAMILY_STAGES, MODEL_VISION_ENCODER]
+    states = {name: family_stages(tree, fam.architecture, fam.modalities, fam.model_impl) for name, fam in fams.items()}
+    stages = [*FAMILY_STAGES, MODEL_VISION_ENCODER, MODEL_AUDIO_ENCODER]
     lines = [f"| stage (SGLang {version}) | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
     notes: list[str] = []
     for stage in stages:
         cells = []
         for name in fams:
+            if stage not in states[name]:
+                cells.append("-")  # the family takes no modality that has this stage
+                continue
             state, why = states[name][stage]
             if why and why not in notes:
                 notes.append(why)

@@ -288,6 +288,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         parent=MODEL_FORWARD,
         gpu_timed=True,
         batch=True,
+        extra=True,
         expected="audio_encoder",
         stored_by=("mm_embedding.audio_encoder",),
         emitted_by=("batch_result.prefill",),

@@ -391,3 +391,13 @@ def ok_record(rid: str, ttft_s: float = 0.1, tokenize_s: float | None = None) ->
         ],
         "coverage": 1.0,
     }
+
+
+def image_cache(preprocess: str, embedding: str, prefix_hit: bool) -> dict[str, Any]:
+    """A one-image request's ``cache`` (join.outcomes): the outcomes, and the image's own entry."""
+    return {
+        "preprocess": preprocess,
+        "embedding": embedding,
+        "image_prefix_hit": prefix_hit,
+        "modalities": {"image": {"items": 1, "embedding": embedding, "in_prefix": prefix_hit}},
+    }

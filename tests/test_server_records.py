@@ -32,6 +32,7 @@ from record_checks import (
     bounds_problems,
     catalogue_problems,
     exchange_problems,
+    image_cache,
     names,
     one,
     order_problems,
@@ -249,7 +250,7 @@ def test_new_image(case):
     (ex,) = case("new_image")
     rec = ex.record
     _check(stage_set_problems(rec, absent=()), ex)  # every core stage happens for a new image
-    assert rec["cache"] == {"preprocess": "miss", "embedding": "miss", "image_prefix_hit": False}, ex.describe()
+    assert rec["cache"] == image_cache("miss", "miss", False), ex.describe()
     vit = stages_named(rec, "model.vision_encoder")
     assert all(s["attrs"]["embedding_cache"] == "miss" and s["attrs"]["skipped"] is False for s in vit), ex.describe()
     assert sum(s["attrs"]["images"] for s in vit) == 1, ex.describe()
@@ -265,6 +266,10 @@ def test_same_image_again(case):
     # Preprocessing-cache hit: no pixel work; the whole image is in the radix prefix: no encoder, no injection.
     _check(stage_set_problems(rec, absent=IMAGE_WORK_STAGES | ENCODER_STAGES), ex)
     assert rec["cache"]["preprocess"] == "hit" and rec["cache"]["image_prefix_hit"] is True, ex.describe()
+    # inside the radix prefix, placed by its offsets: nothing to embed (the evidence, not a silence)
+    assert rec["cache"]["embedding"] == "off" and rec["cache"]["modalities"]["image"]["in_prefix"] is True, (
+        ex.describe()
+    )
     assert rec["cache"]["embedding"] != "miss", ex.describe()
     assert one(rec, "mm.preprocess_cache")["attrs"]["result"] == "hit"
     assert rec["images"][0]["content_hash"] == first.record["images"][0]["content_hash"], _fail([], first, ex)
@@ -275,7 +280,7 @@ def test_different_image_same_question(case):
     (first,), (ex,) = case("new_image"), case("different_image_same_question")
     rec = ex.record
     _check(stage_set_problems(rec, absent=()), ex)
-    assert rec["cache"] == {"preprocess": "miss", "embedding": "miss", "image_prefix_hit": False}, ex.describe()
+    assert rec["cache"] == image_cache("miss", "miss", False), ex.describe()
     assert rec["images"][0]["content_hash"] != first.record["images"][0]["content_hash"], _fail([], first, ex)
 
 
@@ -298,7 +303,7 @@ def test_question_first_new_question_uses_embedding_cache(case, server):
     for ex in case("question_first_new_question"):
         rec = ex.record
         _check(stage_set_problems(rec, absent=IMAGE_WORK_STAGES | {"model.vision_encoder"}), ex)
-        assert rec["cache"] == {"preprocess": "hit", "embedding": "hit", "image_prefix_hit": False}, ex.describe()
+        assert rec["cache"] == image_cache("hit", "hit", False), ex.describe()
         assert one(rec, "model.embed")["attrs"]["embedding_cache"] == "hit", ex.describe()
         mp = str(server.model_path)
         _, spans = prompt_layout(mp, ex.messages, [visual_tokens(mp, 512, 512)])
@@ -394,7 +399,7 @@ def test_chunked_prefill(case, server):
         assert 0 < stage["attrs"]["chunks_s"] <= stage["dur_s"] + 1e-9, ex.describe()
     for name in ("model.vision_encoder", "model.embed", "scheduler.batch", "scheduler.output"):
         assert "chunks" not in one(rec, name)["attrs"], ex.describe()
-    assert rec["cache"] == {"preprocess": "miss", "embedding": "miss", "image_prefix_hit": False}, ex.describe()
+    assert rec["cache"] == image_cache("miss", "miss", False), ex.describe()
 
 
 def test_parallel_sampling_gives_each_sample_a_whole_record(server):

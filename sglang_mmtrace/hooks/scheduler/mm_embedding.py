@@ -51,6 +51,18 @@ def _lookup_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         ctx.lookups.setdefault(arg(args, kwargs, 0, "mm_hash"), result is not None)
 
 
+def _needed_owners(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]:
+    return tuple(ctx.needs_embed)
+
+
+def _store_needed(ctx: ss.FwdCtx, m0: Any, m1: Any, args: tuple, kwargs: dict) -> None:
+    """An encoder that takes pixels, not items (SGLang's LLaVA ``encode_images``): it encodes every
+    image of the requests whose extend reaches one (its forward's ``need_vision``), which are the
+    forward's requests that need embeddings; there is no embedding cache on that path."""
+    hashes = [h for items in ctx.needs_embed.values() for h, m in items if m != "audio"]
+    ctx.vit.append((m0, m1, hashes, "image"))
+
+
 def _combined_lookup_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     """A lookup of a request's items together (``get``: multi-span or EVS items): one outcome for all."""
     ctx = ss.current
@@ -73,6 +85,11 @@ HOOKS: dict[str, HookSpec] = {
     ),
     "mm_embedding.audio_encoder": around_forward(
         "mm_embedding.audio_encoder", MODEL_AUDIO_ENCODER, _vit_owners, _store_vit
+    ),
+    # per-model: SGLang's LLaVA family (llava.py) encodes in its own forward, not through the generic
+    # routine, so its get_image_feature-less classes are seen at encode_images
+    "mm_embedding.llava_encoder": around_forward(
+        "mm_embedding.llava_encoder", MODEL_VISION_ENCODER, _needed_owners, _store_needed
     ),
     # SGLang's embedding cache, whose first lookup of an item in a forward proves a hit or a miss
     "mm_embedding.cache_lookup": interval("mm_embedding.cache_lookup", _lookup_exit),
