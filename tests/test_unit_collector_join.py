@@ -55,10 +55,22 @@ def test_a_chunked_prefill_gives_each_stage_one_interval() -> None:
     remote = [
         StageEvent("scheduler.recv", "scheduler", 100.025, 100.030),
         StageEvent("model.forward", "scheduler", 100.030, 100.050, attrs=shared),
-        StageEvent("model.embed", "scheduler", 100.040, 100.041, attrs={**shared, "embedding_cache": "miss", "items": {"image": [1, 0, 1]}}),
+        StageEvent(
+            "model.embed",
+            "scheduler",
+            100.040,
+            100.041,
+            attrs={**shared, "embedding_cache": "miss", "items": {"image": [1, 0, 1]}},
+        ),
         StageEvent("model.prefill", "scheduler", 100.041, 100.050, attrs=shared),
         StageEvent("model.forward", "scheduler", 100.052, 100.056, attrs={"batch_size": 1}),
-        StageEvent("model.embed", "scheduler", 100.052, 100.0525, attrs={"batch_size": 1, "embedding_cache": "hit", "items": {"image": [1, 1, 0]}}),
+        StageEvent(
+            "model.embed",
+            "scheduler",
+            100.052,
+            100.0525,
+            attrs={"batch_size": 1, "embedding_cache": "hit", "items": {"image": [1, 1, 0]}},
+        ),
         StageEvent("model.prefill", "scheduler", 100.0525, 100.056, attrs={"batch_size": 1}),
         StageEvent("scheduler.output", "scheduler", 100.056, 100.058),
     ]

@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +40,7 @@ from ..manifest_check import (
     family_stages,
     installed_source,
     matrix,
+    predicted_embedding,
     render_readme,
     stage_states,
 )
@@ -55,7 +57,13 @@ GAP_STAGES = {
 """Stages a hook measures as the gap between two points rather than as the wrapped call itself."""
 
 
-def run(show_matrix: bool = False, readme: str | None = None, model_path: str | None = None) -> int:
+def run(
+    show_matrix: bool = False,
+    readme: str | None = None,
+    model_path: str | None = None,
+    model_impl: str = "sglang",
+    url: str | None = None,
+) -> int:
     if show_matrix or readme:
         return _matrix(readme)
     version = sglang_version()
@@ -63,7 +71,13 @@ def run(show_matrix: bool = False, readme: str | None = None, model_path: str | 
         print("SGLang: not installed")
         return 1
     missing = _targets(version)
-    if model_path is not None and (problem := _model(version, model_path)):
+    if url is not None:
+        try:
+            model_path, model_impl = _served_model(url)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"doctor: cannot read {url}/get_server_info: {exc}", file=sys.stderr)
+            return 1
+    if model_path is not None and (problem := _model(version, model_path, model_impl)):
         print(f"doctor: {problem}", file=sys.stderr)
         return 1
     cfg = config.get()
@@ -113,21 +127,47 @@ def _targets(version: str) -> int:
     return missing
 
 
-def _model(version: str, model_path: str) -> str | None:
-    """Print the multimodal stages the model at ``model_path`` would lose here; a problem, or None."""
+def _served_model(url: str) -> tuple[str, str]:
+    """(model path, --model-impl) of a running server, from its ``/get_server_info``."""
+    with urllib.request.urlopen(url.rstrip("/") + "/get_server_info", timeout=10) as resp:  # noqa: S310 (the user's server)
+        info = json.loads(resp.read())
+    return str(info["model_path"]), str(info.get("model_impl") or "sglang")
+
+
+def config_modalities(config: dict[str, Any]) -> tuple[str, ...]:
+    """The modalities a checkpoint's config.json says its model takes: a vision tower (``vision_config``,
+    ``mm_vision_tower``) means images, an audio tower (``audio_config``) audio."""
+    out = []
+    if any(k in config for k in ("vision_config", "mm_vision_tower", "vision_tower", "image_token_index")):
+        out.append("image")
+    if any(k in config for k in ("audio_config", "audio_token_index", "audio_token_id")):
+        out.append("audio")
+    return tuple(out) or ("image",)
+
+
+def _model(version: str, model_path: str, model_impl: str = "sglang") -> str | None:
+    """Print what a new item of each modality the model at ``model_path`` takes will show here: the
+    stages seen and lost, and the embedding outcome its record will claim; a problem, or None."""
     try:
-        arch = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))["architectures"][0]
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+        arch = config["architectures"][0]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         return f"cannot read the architecture from {model_path}/config.json: {exc}"
     source = installed_source(version)
     if source is None:
         return "SGLang's source files: not found"
-    states = family_stages(Tree(source), arch)
-    print(f"model {arch} ({model_path})")
-    for stage, (state, why) in states.items():
-        print(f"    {stage}: {state}{f' ({why})' if why else ''}")
-    lost = [stage for stage, (state, _) in states.items() if state != "ok"]
-    print(f"stages this model loses: {', '.join(lost) or 'none'}")
+    tree = Tree(source)
+    impl = f", --model-impl {model_impl}" if model_impl != "sglang" else ""
+    print(f"model {arch} ({model_path}{impl})")
+    lost_all: list[str] = []
+    for modality in config_modalities(config):
+        states = family_stages(tree, arch, (modality,), model_impl)
+        outcome = predicted_embedding(states, modality)
+        print(f"  a new {modality}: cache.embedding {outcome or 'null'}")
+        for stage, (state, why) in states.items():
+            print(f"    {stage}: {state}{f' ({why})' if why else ''}")
+        lost_all += [f"{stage} ({modality})" for stage, (state, _) in states.items() if state != "ok"]
+    print(f"stages this model loses: {', '.join(lost_all) or 'none'}")
     return None
 
 

@@ -77,8 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--model-path",
         default=None,
-        help="also name the multimodal stages the model in this folder (its config.json) would lose here"
-        " (default: none)",
+        help="also name the multimodal stages the model in this folder (its config.json) would lose here,"
+        " per modality it takes, and the cache outcome a new item's record will claim (default: none)",
+    )
+    doctor.add_argument(
+        "--model-impl",
+        default="sglang",
+        help="with --model-path: SGLang's --model-impl the model is served with (sglang, transformers)",
+    )
+    doctor.add_argument(
+        "--url",
+        default=None,
+        help="a running server: read its model path and --model-impl from GET /get_server_info (then as --model-path)",
     )
 
     _add_lab(sub, "demo", "real SGLang on the CPU with a tiny Qwen3-VL, plugin on, breakdown printed")
@@ -124,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.cmd == "doctor":
         from .doctor import run
 
-        return run(args.matrix, args.readme, args.model_path)
+        return run(args.matrix, args.readme, args.model_path, args.model_impl, args.url)
     if args.cmd in ("demo", "bench"):
         module = _lab_cli(args.cmd)
         assert module is not None  # main said what to install when the extra is missing

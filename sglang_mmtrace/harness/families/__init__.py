@@ -52,6 +52,12 @@ class Family:
     """What the family's SGLang processor accepts on the CPU server (``image``, ``video``, ``audio``)."""
     server_args: tuple[str, ...] = ()
     """Extra SGLang flags the family needs on the CPU server."""
+    expected_lost: tuple[str, ...] = ()
+    """The stages a new item of this family loses (``doctor``'s prediction, which the tests check against
+    its records), each for a reason its ``notes`` give: empty for a family the plugin covers fully."""
+    model_impl: str = "sglang"
+    """SGLang's ``--model-impl`` the family is served with (``transformers``: the transformers backend,
+    whose flag is then among ``server_args``); ``doctor``'s prediction depends on it."""
     notes: str = ""
     """What differs from the published checkpoints (sizes aside), for the README's family table."""
     image_tokens: dict[int, int] = field(default_factory=dict)
@@ -61,7 +67,19 @@ class Family:
     the published checkpoint whose config.json they copy (``qwen2.5-vl-3b``), for GPU timing."""
 
 
-MODULES: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "internvl", "mistral3", "glm4v", "gemma3")
+MODULES: tuple[str, ...] = (
+    "qwen2_5_vl",
+    "qwen2_vl",
+    "internvl",
+    "mistral3",
+    "glm4v",
+    "gemma3",
+    "qwen2_audio",
+    "gemma4",
+    "llava",
+    "llava_hf",
+    "lfm2_vl",
+)
 """The family modules of this package, in the order the README lists them."""
 
 
