@@ -647,28 +647,67 @@ def _class(tree: Tree, folder: str, name: str) -> tuple[str, ast.ClassDef] | Non
     return next(((m, n) for m, n, _ in _classes(tree, folder, f"class {name}") if n.name == name), None)
 
 
-def _processor_of(tree: Tree, architecture: str) -> tuple[str, ast.ClassDef] | None:
-    """(module, class) of the processor whose ``models`` list names ``architecture`` (how SGLang picks it)."""
+def _processor_of(tree: Tree, architecture: str, model_impl: str = "sglang") -> tuple[str, ast.ClassDef] | None:
+    """(module, class) of the processor SGLang picks for ``architecture``: the one whose ``models`` list
+    names it; with the transformers backend only one that says ``supports_transformers_backend``, else
+    SGLang's ``TransformersAutoMultimodalProcessor`` (``get_mm_processor``)."""
     listed = re.compile(rf"models\s*=\s*\[[^\]]*\b{architecture}\b")
     for module, node, text in _classes(tree, LATE_FOLDERS["processor"], architecture):
-        if listed.search(ast.get_source_segment(text, node) or ""):
+        segment = ast.get_source_segment(text, node) or ""
+        if listed.search(segment) and (
+            model_impl != TRANSFORMERS_BACKEND or "supports_transformers_backend = True" in segment
+        ):
             return module, node
+    if model_impl == TRANSFORMERS_BACKEND:
+        return _class(tree, LATE_FOLDERS["processor"], "TransformersAutoMultimodalProcessor")
     return None
 
 
-def _with_delegates(tree: Tree, module: str) -> str:
-    """The processor module's source and that of the processor modules it imports: a wrapper (LLaVA's
-    picks Pixtral's processor for Mistral 3) delegates to a processor of its own."""
+def _inner_processor(
+    tree: Tree, proc: tuple[str, ast.ClassDef], vision_type: str | None
+) -> tuple[str, ast.ClassDef] | None:
+    """The processor that does the work where ``proc`` is a wrapper that picks one by the checkpoint's
+    vision tower (SGLang's ``LlavaMultimodalProcessor``: CLIP -> LLaVA-1.5's own processor, else the
+    processor of the tower's model type, Pixtral's for Mistral 3); None where the tower is unknown."""
+    module, node = proc
+    text = ast.get_source_segment(tree.source.read(module.replace(".", "/") + ".py") or "", node) or ""
+    if "_get_sgl_processor_cls" not in text:
+        return proc
+    if vision_type is None:
+        return None
+    if vision_type == "clip_vision_model":
+        return _class(tree, LATE_FOLDERS["processor"], "LlavaImageProcessor")
+    rel = f"{LATE_FOLDERS['processor']}/{vision_type}.py"
+    found = next(
+        (n for m, n, _ in _classes(tree, LATE_FOLDERS["processor"], "class ") if m.endswith(f".{vision_type}")), None
+    )
+    return (rel[:-3].replace("/", "."), found) if found is not None else None
+
+
+def _with_delegates(tree: Tree, module: str, node: ast.ClassDef) -> str:
+    """The processor class's source and that of the processor modules it delegates to: a wrapper
+    (LLaVA's picks Pixtral's processor for Mistral 3) calls a processor of another module. Only the
+    class's own source counts from its module, for a module may hold processors of other paths
+    (LLaVA-1.5's own, which loads in a process pool, beside that wrapper)."""
     folder = LATE_FOLDERS["processor"].replace("/", ".")
     rel = module.replace(".", "/") + ".py"
-    text = tree.source.read(rel) or ""
-    for dep in sorted(set(re.findall(rf"from ({re.escape(folder)}\.\w+) import", text)) - {module}):
-        text += tree.source.read(dep.replace(".", "/") + ".py") or ""
+    whole = tree.source.read(rel) or ""
+    text = ast.get_source_segment(whole, node) or ""
+    for dep in sorted(set(re.findall(rf"from ({re.escape(folder)}\.\w+) import ([\w, ()\n]+)", whole))):
+        dep_module, names = dep
+        if dep_module in (module, f"{folder}.base_processor"):
+            continue  # the base's generic path counts only where the class calls it (its own source says)
+        if any(n.strip() and n.strip() in text for n in re.split(r"[,()\s]+", names)):
+            text += tree.source.read(dep_module.replace(".", "/") + ".py") or ""
     return text
 
 
 def family_stages(
-    tree: Tree, architecture: str, modalities: Iterable[str] = ("image",), model_impl: str = "sglang"
+    tree: Tree,
+    architecture: str,
+    modalities: Iterable[str] = ("image",),
+    model_impl: str = "sglang",
+    vision_type: str | None = None,
 ) -> dict[str, tuple[str, str]]:
     """stage -> (``ok`` or ``LOST``, why) for one model class and the modalities it takes, read from the
     source (no import): what a new item's record will show, a ``LOST`` stage listed in its
@@ -678,20 +717,33 @@ def family_stages(
     to go through it; the CPU tests (``tests/test_server_families.py``) check the prediction against
     the records of every family built here."""
     wanted = list(dict.fromkeys(modalities))
-    proc = _processor_of(tree, architecture)
+    proc = _processor_of(tree, architecture, model_impl)
+    if proc is not None:
+        proc = _inner_processor(tree, proc, vision_type)
     out: dict[str, tuple[str, str]] = {}
     stages = [s for s in FAMILY_STAGES if s != MM_LOAD or set(wanted) - {"audio"}]
     if proc is None:
-        out.update(dict.fromkeys(stages, ("LOST", f"no processor in {LATE_FOLDERS['processor']} lists {architecture}")))
+        why = f"no processor in {LATE_FOLDERS['processor']} lists {architecture}"
+        if vision_type is None and _processor_of(tree, architecture, model_impl) is not None:
+            why = f"{architecture}'s processor is picked by the checkpoint's vision tower (give its config)"
+        out.update(dict.fromkeys(stages, ("LOST", why)))
     else:
         module, node = proc
         # what the processor's code names: its module and the processor modules it imports, the base
         # class's process_mm_data_async where it inherits that, and its own bases
-        parts = [_with_delegates(tree, module), ast.unparse(node.bases)]
-        base = tree.defining_base(module, node, "process_mm_data_async")
+        parts = [_with_delegates(tree, module, node), ast.unparse(node.bases)]
+        base = (
+            None
+            if _find(node.body, "process_mm_data_async")
+            else tree.defining_base(module, node, "process_mm_data_async")
+        )
         if base is not None and (found := tree.find(f"{base}.process_mm_data_async")) and not isinstance(found, str):
             parts.append(ast.unparse(found.node))
         text = "\n".join(parts)
+        if node.name == "TransformersAutoMultimodalProcessor" and set(wanted) - {"audio"}:
+            # its image and video path is its own (_load_images, _apply_hf_processor); only audio
+            # goes through the base processor's generic calls that its source also names
+            text = "process_mm_data_async"
         for stage in stages:
             names = FAMILY_STAGES[stage]
             hit = any(n in text for n in names)
@@ -755,7 +807,10 @@ def family_matrix(version: str, cache: Path | None = None) -> str:
 
     tree = Tree(WheelSource(wheel(version, cache)))
     fams = families()
-    states = {name: family_stages(tree, fam.architecture, fam.modalities, fam.model_impl) for name, fam in fams.items()}
+    states = {
+        name: family_stages(tree, fam.architecture, fam.modalities, fam.model_impl, fam.vision_type)
+        for name, fam in fams.items()
+    }
     stages = [*FAMILY_STAGES, MODEL_VISION_ENCODER, MODEL_AUDIO_ENCODER]
     lines = [f"| stage (SGLang {version}) | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
     notes: list[str] = []

@@ -23,6 +23,7 @@ OPENAI_CONVERT = "openai.convert"
 TOKENIZE = "tokenize"
 MM_PROCESS = "mm.process"
 MM_LOAD = "mm.load"
+MM_DOWNLOAD = "mm.download"
 MM_PREPROCESS_CACHE = "mm.preprocess_cache"
 MM_DECODE = "mm.decode"
 MM_RESIZE_NORMALIZE = "mm.resize_normalize"
@@ -136,6 +137,17 @@ _CATALOGUE: tuple[Stage, ...] = (
         expected="visual",
         stored_by=("mm_processor.load", "mm_processor_generic.fetch", "mm_processor_generic.load_decode"),
         emitted_by=("mm_processor.load", "mm_processor_generic.load_decode"),
+    ),
+    Stage(
+        MM_DOWNLOAD,
+        API,
+        "per image, video or audio clip given by http(s) URL: SGLang's download of it (download_remote_media;"
+        " 0.5.17: get_image_bytes on a URL, images only); attrs bytes, modality",
+        parent=MM_LOAD,
+        per_image=True,
+        extra=True,
+        stored_by=("mm_processor_generic.download", "mm_processor_generic.fetch"),
+        emitted_by=("mm_processor_generic.download", "mm_processor_generic.fetch"),
     ),
     Stage(
         MM_PREPROCESS_CACHE,
@@ -278,7 +290,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         gpu_timed=True,
         batch=True,
         expected="encoder",
-        stored_by=("mm_embedding.vision_encoder", "mm_embedding.video_encoder"),
+        stored_by=("mm_embedding.vision_encoder", "mm_embedding.video_encoder", "mm_embedding.llava_encoder"),
         emitted_by=("batch_result.prefill",),
     ),
     Stage(

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from conftest import records, server_context, start_server
 from peers.prometheus import PrometheusServer, free_port, require_tools
+from reliability import ImageHost, chat_body, post
 
 from sglang_mmtrace.harness import CpuServer, data_url, image_message, make_image, stream_chat
 from sglang_mmtrace.sinks.prometheus import PREFIX
@@ -68,6 +69,21 @@ def load_plan(round_no: int) -> list[tuple[str, list[dict[str, Any]]]]:
     ]
 
 
+def fetch_requests(server: CpuServer, host: ImageHost, round_no: int) -> list[str]:
+    """An image by URL (``mm.download``, media bytes) and one the host answers 404 for (a counted
+    ``mm.download`` failure): the rids, for the media fetch and failure panels."""
+    name = f"dashboards-{round_no}.png"
+    host.files[name] = make_image(128, 128, seed=9120 + round_no)
+    question = f"Dashboard test {round_no}: what is in the fetched image?"
+    chunks, usage, _ = stream_chat(server.base_url, [image_message(question, [host.url(f"/img/{name}")])], max_tokens=4)
+    assert chunks and usage, "image URL: no stream/usage" + server_context(server)
+    rid = f"dashboards-missing-{round_no}-{int(time.time() * 1000)}"
+    missing = [{"type": "image_url", "image_url": {"url": host.url("/img/missing.png")}}, {"type": "text", "text": "?"}]
+    status, raw = post(server.port, chat_body(rid, missing))
+    assert status >= 400, (status, raw[:300])
+    return [chunks[0]["id"], rid]
+
+
 class Loaded:
     """The server, the Prometheus that scraped it, and the rate window that spans the load."""
 
@@ -95,6 +111,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory):
         "SGLANG_MMTRACE_OTLP_PROTOCOL": "http/protobuf",
         "SGLANG_MMTRACE_TEST_RAISE": INJECTED,
     }
+    host = ImageHost()
     with start_server(tmp_path_factory, "mmtrace-dashboards", env=env) as server:
         prom = PrometheusServer(
             f"127.0.0.1:{server.port}", tmp_path_factory.mktemp("prometheus-dashboards"), rule_files=RULES
@@ -109,6 +126,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory):
                     chunks, usage, _ = stream_chat(server.base_url, messages, max_tokens=4)
                     assert chunks and usage, f"{label}: no stream/usage" + server_context(server)
                     rids.append(chunks[0]["id"])
+                rids.extend(fetch_requests(server, host, round_no))
                 # Every record of the round observed, then a scrape: each series the first round
                 # created is seen to grow in the second, so rate() has an increase. A whole load
                 # between two scrapes (a fast machine) would show every series at its final value.
@@ -123,6 +141,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory):
             yield Loaded(server, prom, window, recs)
         finally:
             prom.stop()
+            host.close()
 
 
 def test_every_panel_query_returns_data(loaded: Loaded):

@@ -14,7 +14,9 @@ from __future__ import annotations
 import http.server
 import json
 import math
+import socket
 import threading
+import time
 import urllib.request
 from collections import Counter
 from typing import Any
@@ -42,6 +44,7 @@ from record_checks import (
     stages_named,
     visual_tokens,
 )
+from reliability import chat_body, get, post
 
 from sglang_mmtrace.harness import data_url, image_message, make_image, stream_chat
 
@@ -454,3 +457,69 @@ def test_warmup_requests_are_marked_and_no_other(server, exchanges):
     assert first.get("warmup") is True and first["status"] == "ok", server_context(server)
     ours = [ex for exs in exchanges.values() for ex in exs if not ex.failure]
     assert len(ours) > 10 and all("warmup" not in ex.record for ex in ours)
+
+
+# -- media fetch and failures (issue 50 item 6) ----------------------------------------------------
+
+
+def _failure_count(server, stage: str, error_type: str) -> float:
+    """``sglang_mmtrace_stage_failures_total{stage, modality="image", error_type}`` on the server's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body = get(server.port, "/metrics")
+    assert status == 200, status
+    want = {"stage": stage, "modality": "image", "error_type": error_type}
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+        if sample.name == "sglang_mmtrace_stage_failures_total" and want.items() <= sample.labels.items()
+    )
+
+
+def test_image_url_download_is_its_own_stage_with_the_file_size(server, image_host):
+    """An image sent by URL: SGLang's HTTP download of it is ``mm.download``, inside ``mm.load``, with
+    exactly the served file's bytes; the URL is in no part of the record."""
+    httpd, handler = image_host
+    img = _img(160, 120, seed=7021)
+    handler.files["/download-stage.png"] = img.data
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/download-stage.png"
+    chunks, usage, _ = stream_chat(server.base_url, [image_message(Q1, [url])], max_tokens=4)
+    assert chunks and usage is not None, server_context(server)
+    rid = chunks[0]["id"]
+    rec = records(server, [rid])[rid]
+    assert handler.hits.count("/download-stage.png") == 1, handler.hits
+    download = one(rec, "mm.download")
+    assert download["attrs"] == {"bytes": len(img.data), "modality": "image"}, pretty(rec)
+    load = one(rec, "mm.load")
+    assert load["start_s"] <= download["start_s"], pretty(rec)
+    assert download["start_s"] + download["dur_s"] <= load["start_s"] + load["dur_s"] + 1e-9, pretty(rec)
+    assert rec["status"] == "ok" and rec["failures"] == [], pretty(rec)
+    assert "download-stage" not in repr(rec), pretty(rec)
+
+
+def test_unreachable_image_url_is_a_counted_download_failure(server):
+    """An image URL nothing listens on: SGLang refuses the request; its record says which stage failed
+    with which exception class (never the message, which names the URL), and the failure counter on
+    /metrics goes up by one for that stage and class."""
+    with socket.socket() as sock:  # a loopback port that was free a moment ago: connection refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    before = _failure_count(server, "mm.download", "ConnectionError")
+    rid = f"unreachable-image-{int(time.time() * 1000)}"
+    content = [
+        {"type": "image_url", "image_url": {"url": f"http://127.0.0.1:{port}/nowhere-{rid}.png"}},
+        {"type": "text", "text": Q1},
+    ]
+    status, raw = post(server.port, chat_body(rid, content))
+    assert status >= 400, (status, raw[:300])
+    rec = records(server, [rid])[rid]
+    assert rec["status"] == "error", pretty(rec)
+    assert rec["failures"] == [{"stage": "mm.download", "modality": "image", "error_type": "ConnectionError"}], pretty(
+        rec
+    )
+    assert "mm.download" not in names(rec) and "nowhere" not in repr(rec), pretty(rec)
+    deadline = time.monotonic() + 30
+    while _failure_count(server, "mm.download", "ConnectionError") < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _failure_count(server, "mm.download", "ConnectionError") == before + 1, server_context(server)

@@ -290,5 +290,14 @@ def test_model_path_names_the_stages_a_model_would_lose(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "stages this model loses: none"
     assert doctor._model(version, str(unknown)) is None
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last == "stages this model loses: " + ", ".join([*mc.FAMILY_STAGES, "model.vision_encoder"])
+    assert last == "stages this model loses: " + ", ".join(
+        f"{s} (image)" for s in [*mc.FAMILY_STAGES, "model.vision_encoder"]
+    )
+    # an audio model's config: its clip's stages, no mm.load (the read is inside its mm.decode)
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    (audio / "config.json").write_text(json.dumps({"architectures": ["NoSuchAudioModel"], "audio_config": {}}))
+    assert doctor._model(version, str(audio)) is None
+    out = capsys.readouterr().out
+    assert "a new audio: cache.embedding null" in out and "mm.load" not in out and "model.audio_encoder: LOST" in out
     assert "cannot read the architecture" in doctor._model(version, str(tmp_path / "none"))

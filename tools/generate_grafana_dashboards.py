@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from sglang_mmtrace.sinks import genai  # noqa: E402
 from sglang_mmtrace.sinks.prometheus import PREFIX  # noqa: E402
+from sglang_mmtrace.stages import MM_DOWNLOAD, STAGES  # noqa: E402
 from sglang_mmtrace.stages import ROOT as ROOT_STAGE  # noqa: E402
-from sglang_mmtrace.stages import STAGES  # noqa: E402
 
 OUT = ROOT / "dashboards" / "sglang-mmtrace.json"
 RANGE = "$__rate_interval"
@@ -516,6 +516,51 @@ def dashboard() -> dict[str, Any]:
             "Visual tokens an image turns into (after placeholder expansion): drives encoder and prefill time.",
             unit=COUNT,
         )
+    )
+
+    lay.row("Media fetch and failures")
+    download = f'stage="{MM_DOWNLOAD}"'
+    lay.add(
+        panel(
+            "Media download time (mm.download) p50 / p95 / p99",
+            [(quantile(q, "stage_seconds", extra=download), f"p{round(q * 100)}") for q in QUANTILES]
+            + [(f"sum ({rate('stage_seconds_count', extra=download)})", "downloads/s")],
+            "SGLang's HTTP(S) download of each image, video or audio clip sent by URL, apart from base64 "
+            "decoding (inside mm.load). A slow download is the network's or the media host's time, not the "
+            "processor's. No data without URL inputs.",
+            units={ref_id(len(QUANTILES)): PER_SECOND},
+        ),
+        w=8,
+    )
+    lay.add(
+        panel(
+            "Stage failures/s by stage, modality and error",
+            [
+                (
+                    f"sum by (stage, modality, error_type) ({rate('stage_failures_total', SEL_INSTANCE)})",
+                    "{{stage}} {{modality}} {{error_type}}",
+                )
+            ],
+            "Multimodal stage calls that raised (a download that failed, an image that did not decode, the HF "
+            "processor), per stage, modality and exception class (never its message). Such a request fails "
+            "with an error: see Requests/s by status.",
+            unit=PER_SECOND,
+        ),
+        w=8,
+    )
+    lay.add(
+        panel(
+            "Media bytes per item by modality: p50 / p95",
+            [
+                (quantile(q, "media_bytes", "modality", sel=SEL_INSTANCE), f"p{round(q * 100)} {{{{modality}}}}")
+                for q in (0.5, 0.95)
+            ],
+            "Encoded size of each media item: every image (data URL or fetched), and video and audio clips "
+            "fetched by URL (a base64 video or clip has no seam that holds its size). Bigger inputs take longer "
+            "to fetch, decode and preprocess.",
+            unit="bytes",
+        ),
+        w=8,
     )
 
     lay.row("Occupancy: what the caches and the feature transport hold")

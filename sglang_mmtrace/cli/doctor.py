@@ -161,7 +161,9 @@ def _model(version: str, model_path: str, model_impl: str = "sglang") -> str | N
     print(f"model {arch} ({model_path}{impl})")
     lost_all: list[str] = []
     for modality in config_modalities(config):
-        states = family_stages(tree, arch, (modality,), model_impl)
+        vision = config.get("vision_config")
+        vision_type = vision.get("model_type") if isinstance(vision, dict) else None
+        states = family_stages(tree, arch, (modality,), model_impl, vision_type)
         outcome = predicted_embedding(states, modality)
         print(f"  a new {modality}: cache.embedding {outcome or 'null'}")
         for stage, (state, why) in states.items():
@@ -192,15 +194,23 @@ def _matrix(readme: str | None) -> int:
     families = family_matrix(PRIMARY_VERSION)
     print()
     print(families)
-    if text is not None:
+    if text is not None and readme is not None:
         text = render_readme(text, table)
         if FAMILY_BEGIN in text and FAMILY_END in text:
             text = render_readme(text, families, FAMILY_BEGIN, FAMILY_END)
         try:
             Path(readme).write_text(text, encoding="utf-8")
+            # the family table lives in docs/families.md beside the README, where there is one
+            doc = Path(readme).parent / FAMILIES_DOC
+            if doc.is_file() and FAMILY_BEGIN in (page := doc.read_text(encoding="utf-8")):
+                doc.write_text(render_readme(page, families, FAMILY_BEGIN, FAMILY_END), encoding="utf-8")
         except OSError as exc:
             return _fail(f"cannot write {readme}: {exc.strerror or exc}")
     return 0
+
+
+FAMILIES_DOC = "docs/families.md"
+"""Where ``doctor --matrix --readme README.md`` writes the family table (relative to the README)."""
 
 
 def _fail(message: str) -> int:

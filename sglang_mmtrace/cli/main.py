@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--model-impl",
         default="sglang",
-        help="with --model-path: SGLang's --model-impl the model is served with (sglang, transformers)",
+        help="with --model-path: SGLang's --model-impl the model is served with, sglang or transformers"
+        " (default: %(default)s)",
     )
     doctor.add_argument(
         "--url",

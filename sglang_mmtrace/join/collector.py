@@ -606,6 +606,7 @@ def build_record(trace: ApiTrace, remote: list[StageEvent], sglang_version: str,
         )
         if status == "ok" and ttft is not None
         else [],
+        "failures": list(trace.failures),
         **({"warmup": True} if trace.warmup else {}),
         **({"content": trace.content} if trace.content is not None else {}),
     }

@@ -109,6 +109,7 @@ class ApiTrace:
         "gpu_pending",
         "sglang_state",
         "media",
+        "failures",
     )
 
     def __init__(self, rid: str, http: HttpCtx | None, model: str, t_created: float) -> None:
@@ -139,9 +140,16 @@ class ApiTrace:
         self.gpu_pending: list[tuple[str, float, float, dict[str, Any], Any, int]] = []  # see add_gpu
         self.sglang_state: Any = None  # SGLang's own state of the rid (its ReqState): see read_sglang_notes
         self.media: dict[str, int] = {}  # modality -> items the request carried (its stages are then expected)
+        self.failures: list[dict[str, str]] = []  # the record's failures: see fail
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:
         self.events.append((name, API, t0, t1, clock, attrs or {}, None))
+
+    def fail(self, stage: str, modality: str, exc: BaseException) -> None:
+        """A multimodal stage whose call raised: the record's ``failures`` (the Prometheus sink counts
+        them, ``sglang_mmtrace_stage_failures_total``). The exception's class name only: its message
+        can carry content (a URL, a data prefix)."""
+        self.failures.append({"stage": stage, "modality": modality, "error_type": type(exc).__name__})
 
     def add_gpu(self, name: str, t0: float, t1: float, attrs: dict[str, Any], ref: Any, end: int) -> None:
         """A stage whose GPU work ends at CUDA mark ``end``, placed on the host timeline by reference

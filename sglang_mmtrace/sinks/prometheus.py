@@ -23,7 +23,7 @@ from typing import Any
 from ..join.record import EmitContext, stage_totals
 from ..occupancy import LABELS as WHERE
 from ..occupancy import Sample, Where
-from ..stages import MM_PREPROCESS_CACHE, STAGES
+from ..stages import MM_DOWNLOAD, MM_PREPROCESS_CACHE, STAGES
 from . import genai
 
 PREFIX = "sglang_mmtrace_"
@@ -48,6 +48,9 @@ STAGE_BUCKETS = (
 )
 """One layout for every stage histogram (and TTFT), so stacked panels add up."""
 VISUAL_TOKEN_BUCKETS = (16, 64, 256, 576, 1024, 2304, 4096, 8192, 16384, 65536)
+MEDIA_BYTE_BUCKETS = tuple(1024 * 4**k for k in range(10))
+"""1 KiB to 256 MiB, x4: a thumbnail to a long video."""
+MEDIA_MODALITIES = ("image", "video", "audio")
 
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "stage_seconds": ("histogram", ("stage", "model_name"), "Duration of each TTFT stage per request"),
@@ -63,6 +66,13 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("model_name", "stage"),
         "Stages a finished request should have had and the plugin did not observe (the record's unobserved)",
     ),
+    "stage_failures_total": (
+        "counter",
+        ("stage", "modality", "error_type"),
+        "Multimodal stage calls that raised (download, load, decode, HF processor), by exception class (the record's"
+        " failures)",
+    ),
+    "media_bytes": ("histogram", ("modality",), "Encoded bytes of each media item (images; fetched video and audio)"),
     "errors_total": ("counter", ("component",), "Plugin hook or sink failures that were contained"),
     "dropped_total": ("counter", ("sink",), "Records, spans or events dropped under back-pressure"),
     "cache_used_bytes": ("gauge", ("cache", *WHERE), "Bytes held by the embedding or preprocessing cache"),
@@ -128,7 +138,9 @@ class PrometheusSink:
         for name, (kind, labels, doc) in METRICS.items():
             kw = dict(reg)
             if kind == "histogram":
-                kw["buckets"] = VISUAL_TOKEN_BUCKETS if name == "visual_tokens" else STAGE_BUCKETS
+                kw["buckets"] = {"visual_tokens": VISUAL_TOKEN_BUCKETS, "media_bytes": MEDIA_BYTE_BUCKETS}.get(
+                    name, STAGE_BUCKETS
+                )
             elif kind == "gauge":
                 kw["multiprocess_mode"] = "mostrecent"  # only the collector sets them; no pid label added
             # prometheus_client appends _total to counters itself.
@@ -153,6 +165,8 @@ class PrometheusSink:
         m["requests_total"].labels(model, rec["status"]).inc()
         for stage in rec.get("unobserved") or ():
             m["unobserved_stages_total"].labels(model, stage).inc()
+        for f in rec.get("failures") or ():
+            m["stage_failures_total"].labels(f.get("stage", ""), f.get("modality", ""), f.get("error_type", "")).inc()
         ttft = rec.get("ttft_s")
         # Only the trace id: set by the OTLP sink (which runs first) or taken from the request's traceparent.
         exemplar = {"trace_id": rec["trace_id"]} if rec.get("trace_id") else None
@@ -167,6 +181,13 @@ class PrometheusSink:
         for s in rec.get("stages", ()):
             if s["name"] == MM_PREPROCESS_CACHE and s["attrs"].get("result") in ("hit", "miss"):
                 m["cache_lookups_total"].labels("preprocess", s["attrs"]["result"]).inc()
+            elif (
+                s["name"] == MM_DOWNLOAD
+                and s["attrs"].get("modality") in ("video", "audio")
+                and s["attrs"].get("bytes")
+            ):
+                # images are counted from the record's images (any source, fetched or not)
+                m["media_bytes"].labels(s["attrs"]["modality"]).observe(s["attrs"]["bytes"])
         if rec.get("images"):
             if rec["cache"]["embedding"] in ("hit", "miss"):
                 m["cache_lookups_total"].labels("embedding", rec["cache"]["embedding"]).inc()
@@ -176,6 +197,8 @@ class PrometheusSink:
                 ).inc()
             for image in rec["images"]:
                 m["visual_tokens"].labels(model).observe(image["visual_tokens"])
+                if image.get("bytes"):
+                    m["media_bytes"].labels("image").observe(image["bytes"])
         if rec.get("prompt_tokens"):
             cached = rec.get("cached_tokens", 0)
             m["prefix_tokens_total"].labels("cached").inc(cached)

@@ -55,6 +55,8 @@ class Family:
     expected_lost: tuple[str, ...] = ()
     """The stages a new item of this family loses (``doctor``'s prediction, which the tests check against
     its records), each for a reason its ``notes`` give: empty for a family the plugin covers fully."""
+    vision_type: str | None = None
+    """The checkpoint's ``vision_config.model_type`` (``pixtral``): SGLang picks some processors by it."""
     model_impl: str = "sglang"
     """SGLang's ``--model-impl`` the family is served with (``transformers``: the transformers backend,
     whose flag is then among ``server_args``); ``doctor``'s prediction depends on it."""
@@ -78,7 +80,6 @@ MODULES: tuple[str, ...] = (
     "gemma4",
     "llava",
     "llava_hf",
-    "lfm2_vl",
 )
 """The family modules of this package, in the order the README lists them."""
 

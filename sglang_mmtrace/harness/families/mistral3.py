@@ -192,6 +192,7 @@ def _image_tokens(side: int) -> int:
 FAMILY = Family(
     name="mistral3",
     architecture="Mistral3ForConditionalGeneration",
+    vision_type="pixtral",  # SGLang picks its processor by the vision tower (LlavaMultimodalProcessor)
     builder_version=BUILDER_VERSION,
     build=build,
     modalities=("image",),

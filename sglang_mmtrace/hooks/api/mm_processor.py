@@ -94,6 +94,8 @@ def _decode_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     trace = _trace()
     if trace is None:
         return
+    if exc is not None:
+        trace.fail(MM_DECODE, "image", exc)  # the artifact path takes images only
     attrs: dict[str, Any] = {}
     size = image_size(result)
     if size is not None:
@@ -122,6 +124,8 @@ def _resize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     trace = _trace()
     if trace is None:
         return
+    if exc is not None:
+        trace.fail(MM_RESIZE_NORMALIZE, "image", exc)
     entries = arg(args, kwargs, 0, "entries") or ()
     trace.add(MM_RESIZE_NORMALIZE, t0, t1, {"images": len(entries)})
 

@@ -18,7 +18,9 @@ A request's state lives in ``_MmReq``, held by a context variable that the IO/PR
 share by reference; per-call state on a worker thread lives in a thread-local.
 
 Stages: ``mm.process`` (the request scope, ``process_mm_data_async`` as a whole), ``mm.load``
-(base64/HTTP fetch, from ``get_image_bytes``), ``mm.decode`` (the rest of ``_load_single_item``),
+(base64/HTTP fetch, from ``get_image_bytes``), ``mm.download`` (inside it: SGLang's HTTP(S) download
+of an image, video or audio URL, ``download_remote_media``; on 0.5.17, which has none, an image
+URL's ``get_image_bytes``), ``mm.decode`` (the rest of ``_load_single_item``),
 ``mm.resize_normalize`` (``process_mm_data``; host-timed, or with ``SGLANG_MMTRACE_GPU_TIMING=all``,
 when the fast processor runs on the GPU, ending where its GPU work does: a CUDA event mark
 (``cuda_marks``) read when the request has finished, ``ApiTrace.add_gpu``, never waited for),
@@ -42,7 +44,15 @@ from typing import Any
 
 from ... import config, switch
 from ...join.context import ApiTrace, current_trace
-from ...stages import MM_DECODE, MM_EXPAND, MM_LOAD, MM_PROCESS, MM_RESIZE_NORMALIZE, TRANSPORT_PREPARE
+from ...stages import (
+    MM_DECODE,
+    MM_DOWNLOAD,
+    MM_EXPAND,
+    MM_LOAD,
+    MM_PROCESS,
+    MM_RESIZE_NORMALIZE,
+    TRANSPORT_PREPARE,
+)
 from .. import cuda_marks
 from ..base import HookSpec, arg, interval, now
 from .mm_processor import image_size
@@ -61,6 +71,20 @@ class _MmReq:
         self.t_combined: float | None = None  # process_and_combine_mm_data_async (or the last tiling) returned
         self.split: tuple[float, float, dict[str, Any]] | None = None  # the PROC part of mm.expand
         self.tiled: list[tuple[int, int]] = []  # (width, height) of each image InternVL tiled, in order
+
+
+class _Media:
+    """The media item an IO thread is loading (``_load_single_item``, or a ``get_image_bytes`` call
+    outside one): its modality for ``mm.download``, whether a download was timed inside the current
+    ``get_image_bytes`` call, and whether a failure of the item was already filed (the innermost call
+    that raised files it: the stage that failed, and the class it raised before SGLang re-wraps it)."""
+
+    __slots__ = ("modality", "downloaded", "failed")
+
+    def __init__(self, modality: str) -> None:
+        self.modality = modality
+        self.downloaded = False
+        self.failed = False
 
 
 class _Combine:
@@ -106,7 +130,7 @@ def _request_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     trace = current_trace.get()
     # the TokenizerManager passes its arguments by name (positions differ between processors)
     obj = kwargs.get("request_obj")
-    media = kwargs.get("image_data") or getattr(obj, "video_data", None) or getattr(obj, "audio_data", None)
+    media = arg(args, kwargs, 0, "image_data") or getattr(obj, "video_data", None) or getattr(obj, "audio_data", None)
     if trace is None or not media:
         return None
     req = _MmReq(trace)
@@ -166,19 +190,30 @@ def _gpu_stage(stage: str, t0: float, t1: float, ref: Any, end: Any, attrs: dict
 
 
 def _load_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
-    prev = getattr(_tls, "fetch", None)
+    prev = getattr(_tls, "fetch", None), getattr(_tls, "media", None)
     _tls.fetch = []
+    modality = getattr(arg(args, kwargs, 1, "modality"), "name", None)
+    _tls.media = _Media(modality.lower()) if isinstance(modality, str) else None
     return prev
 
 
 def _load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     fetched = getattr(_tls, "fetch", None) or []
-    _tls.fetch = st
+    media = getattr(_tls, "media", None)
+    _tls.fetch, _tls.media = st
     modality = getattr(arg(args, kwargs, 1, "modality"), "name", None)
-    if modality not in ("IMAGE", "VIDEO", "AUDIO") or exc is not None or isinstance(result, dict):
-        return  # failed, or already-preprocessed input (returned as is)
+    if modality not in ("IMAGE", "VIDEO", "AUDIO") or isinstance(result, dict):
+        return  # already-preprocessed input (returned as is)
     trace = _trace()
     if trace is None:
+        return
+    if exc is not None:
+        if media is not None and not media.failed:
+            # not the download's nor get_image_bytes' (they filed theirs): an image's decode once its
+            # bytes were read, an audio clip's read-and-decode, else the item's load (a video's source
+            # read and container opened, an image input SGLang could not read)
+            decoding = modality == "AUDIO" or (modality == "IMAGE" and bool(fetched))
+            trace.fail(MM_DECODE if decoding else MM_LOAD, modality.lower(), exc)
         return
     if modality == "VIDEO":  # the source read and the container opened: its frames decode later
         trace.add(MM_LOAD, t0, t1, {"modality": "video"})
@@ -205,10 +240,58 @@ def _load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         req.loaded[id(result)] = (nbytes, size[0], size[1])
 
 
+def _fetch_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    media = getattr(_tls, "media", None)
+    own = media is None  # outside _load_single_item: Qwen-VL's artifact path (its content snapshot)
+    if own:
+        media = _tls.media = _Media("image")
+    was, media.downloaded = media.downloaded, False
+    return media, own, was
+
+
 def _fetch_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    media, own, was = st
+    downloaded = media.downloaded
+    media.downloaded = was or downloaded
+    if own:
+        _tls.media = None
     fetched = getattr(_tls, "fetch", None)
     if fetched is not None and isinstance(result, bytes | bytearray):
         fetched.append((t0, t1, len(result)))
+    if downloaded:
+        return  # the download hook filed mm.download (or its failure)
+    source = arg(args, kwargs, 0, "image_file")
+    url = isinstance(source, str) and source.startswith(("http://", "https://"))  # never kept: content
+    trace = _trace()
+    if trace is None:
+        return
+    if exc is not None:
+        if not media.failed:
+            media.failed = True
+            trace.fail(MM_DOWNLOAD if url else MM_LOAD, media.modality, exc)
+    elif url and isinstance(result, bytes | bytearray):
+        # a release without download_remote_media (0.5.17): this call's URL branch is the download
+        trace.add(MM_DOWNLOAD, t0, t1, {"bytes": len(result), "modality": media.modality})
+
+
+def _download_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """SGLang's HTTP(S) download of one media URL (``download_remote_media``, 0.5.18+): called by the
+    image, video and audio loaders, whose item (``_Media``) gives the modality; ``unknown`` for a
+    family's own loader that calls it outside them. The URL is never read."""
+    media = getattr(_tls, "media", None)
+    if media is not None:
+        media.downloaded = True
+    trace = _trace()
+    if trace is None:
+        return
+    modality = media.modality if media is not None else "unknown"
+    if exc is not None:
+        if media is None or not media.failed:
+            trace.fail(MM_DOWNLOAD, modality, exc)
+        if media is not None:
+            media.failed = True
+    elif isinstance(result, bytes | bytearray):
+        trace.add(MM_DOWNLOAD, t0, t1, {"bytes": len(result), "modality": modality})
 
 
 # -- PROC threads: process_and_combine_mm_data, process_mm_data, _wrap_tensor_for_cuda_ipc ---------
@@ -339,6 +422,11 @@ def _resize_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
         c.t_resize_end = t1
     images, videos = arg(args, kwargs, 1, "images"), arg(args, kwargs, 2, "videos")
     audios = arg(args, kwargs, 3, "audios")
+    trace = _trace()
+    if exc is not None and trace is not None:  # the HF processor raised: one failure per modality it had
+        for modality, items in (("image", images), ("video", videos), ("audio", audios)):
+            if items:
+                trace.fail(MM_RESIZE_NORMALIZE, modality, exc)
     attrs = {"images": len(images or ())}
     if videos:
         attrs["videos"] = len(videos)
@@ -366,7 +454,10 @@ HOOKS: dict[str, HookSpec] = {
     "mm_processor_generic.load_decode": interval(
         "mm_processor_generic.load_decode", _load_exit, _load_enter, nvtx=_nv(MM_DECODE)
     ),
-    "mm_processor_generic.fetch": interval("mm_processor_generic.fetch", _fetch_exit, nvtx=_nv(MM_LOAD, _fetch_rid)),
+    "mm_processor_generic.fetch": interval(
+        "mm_processor_generic.fetch", _fetch_exit, _fetch_enter, nvtx=_nv(MM_LOAD, _fetch_rid)
+    ),
+    "mm_processor_generic.download": interval("mm_processor_generic.download", _download_exit, nvtx=_nv(MM_DOWNLOAD)),
     "mm_processor_generic.video_frames": interval(
         "mm_processor_generic.video_frames", _frames_exit, nvtx=_nv(MM_DECODE)
     ),
@@ -389,8 +480,9 @@ HOOKS: dict[str, HookSpec] = {
 
 # the arguments each hook reads from its target (registry.READS_OF)
 READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
-    "mm_processor_generic.request": ((None, "image_data"), (None, "request_obj")),
+    "mm_processor_generic.request": ((0, "image_data"), (None, "request_obj")),
     "mm_processor_generic.load_decode": ((1, "modality"),),
+    "mm_processor_generic.fetch": ((0, "image_file"),),
     "mm_processor_generic.video_frames": ((0, "indices"),),
     "mm_processor_generic.video_frames_tensor": ((0, "indices"),),
     "mm_processor_generic.internvl_tiles": ((0, "tensor"),),
