@@ -135,8 +135,13 @@ _CATALOGUE: tuple[Stage, ...] = (
         parent=MM_PROCESS,
         per_image=True,
         expected="visual",
-        stored_by=("mm_processor.load", "mm_processor_generic.fetch", "mm_processor_generic.load_decode"),
-        emitted_by=("mm_processor.load", "mm_processor_generic.load_decode"),
+        stored_by=(
+            "mm_processor.load",
+            "mm_processor_generic.fetch",
+            "mm_processor_generic.load_decode",
+            "mm_processor_generic.auto_load",
+        ),
+        emitted_by=("mm_processor.load", "mm_processor_generic.load_decode", "mm_processor_generic.auto_load"),
     ),
     Stage(
         MM_DOWNLOAD,
@@ -170,12 +175,14 @@ _CATALOGUE: tuple[Stage, ...] = (
             "mm_processor_generic.load_decode",
             "mm_processor_generic.video_frames",
             "mm_processor_generic.video_frames_tensor",
+            "mm_processor_generic.auto_load",
         ),
         emitted_by=(
             "mm_processor.decode",
             "mm_processor_generic.load_decode",
             "mm_processor_generic.video_frames",
             "mm_processor_generic.video_frames_tensor",
+            "mm_processor_generic.auto_load",
         ),
     ),
     Stage(
@@ -190,11 +197,13 @@ _CATALOGUE: tuple[Stage, ...] = (
             "mm_processor.resize_normalize",
             "mm_processor_generic.resize_normalize",
             "mm_processor_generic.internvl_tiles",
+            "mm_processor_generic.auto_hf_processor",
         ),
         emitted_by=(
             "mm_processor.resize_normalize",
             "mm_processor_generic.resize_normalize",
             "mm_processor_generic.internvl_tiles",
+            "mm_processor_generic.auto_hf_processor",
         ),
     ),
     Stage(
@@ -209,8 +218,14 @@ _CATALOGUE: tuple[Stage, ...] = (
             "mm_processor_generic.combine_async",
             "mm_processor_generic.internvl_tiles",
             "mm_processor_generic.request",
+            "mm_processor_generic.auto_items",
         ),
-        emitted_by=("mm_processor.expand", "mm_processor_generic.combine", "mm_processor_generic.request"),
+        emitted_by=(
+            "mm_processor.expand",
+            "mm_processor_generic.combine",
+            "mm_processor_generic.request",
+            "mm_processor_generic.auto_items",
+        ),
     ),
     Stage(
         TRANSPORT_PREPARE,
@@ -290,7 +305,13 @@ _CATALOGUE: tuple[Stage, ...] = (
         gpu_timed=True,
         batch=True,
         expected="encoder",
-        stored_by=("mm_embedding.vision_encoder", "mm_embedding.video_encoder", "mm_embedding.llava_encoder"),
+        stored_by=(
+            "mm_embedding.vision_encoder",
+            "mm_embedding.video_encoder",
+            "mm_embedding.llava_encoder",
+            "mm_embedding.hf_image_encoder",
+            "mm_embedding.hf_video_encoder",
+        ),
         emitted_by=("batch_result.prefill",),
     ),
     Stage(
@@ -302,7 +323,7 @@ _CATALOGUE: tuple[Stage, ...] = (
         batch=True,
         extra=True,
         expected="audio_encoder",
-        stored_by=("mm_embedding.audio_encoder",),
+        stored_by=("mm_embedding.audio_encoder", "mm_embedding.hf_audio_encoder"),
         emitted_by=("batch_result.prefill",),
     ),
     Stage(

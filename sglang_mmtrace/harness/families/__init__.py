@@ -80,6 +80,7 @@ MODULES: tuple[str, ...] = (
     "gemma4",
     "llava",
     "llava_hf",
+    "qwen2_vl_transformers",
 )
 """The family modules of this package, in the order the README lists them."""
 

@@ -32,7 +32,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ...stages import MM_DECODE, MM_EXPAND, MM_LOAD, MM_RESIZE_NORMALIZE, MODEL_VISION_ENCODER
 from ..random_model import clean_tokenizer_config, random_weights
 from . import Family
 from ._checkpoint import INDEX_NAME, nest_vision_model
@@ -167,9 +166,9 @@ FAMILY = Family(
         "string-content (text-only) message's text in SGLang (USER: ASSISTANT:). "
         "Tokenizer: a 4000-piece BPE on stdlib text with fillers; only unk/bos/eos, <image> 32000 and "
         "<pad> 32001 sit on their published ids. Text: multi-head (KV heads = heads) as Vicuna-7B. "
-        "The backend's processor loads and processes images in its own calls, and the HF model encodes "
-        "inside its own forward: those stages are unobserved and the embedding outcome null."
+        "The backend's processor loads and processes images in its own calls (_load_images, "
+        "_apply_hf_processor, _build_mm_items) and the HF model encodes in its own forward "
+        "(get_image_features): the plugin hooks those, the transformers backend's generic seams."
     ),
     image_tokens={256: IMAGE_TOKENS, 512: IMAGE_TOKENS},
-    expected_lost=(MM_LOAD, MM_DECODE, MM_RESIZE_NORMALIZE, MM_EXPAND, MODEL_VISION_ENCODER),
 )

@@ -444,6 +444,70 @@ def _ipc_done(ev, t0, t1, instance, args, kwargs, result, exc) -> None:
     c.ipc.append((t0, t1, int(tensor.nbytes), outcome, *_end_mark(ev)))
 
 
+# -- the transformers backend's processor (TransformersAutoMultimodalProcessor), its own three calls -----
+
+
+def _auto_load_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
+    prev = getattr(_tls, "fetch", None), getattr(_tls, "media", None)
+    _tls.fetch, _tls.media = [], _Media("image")
+    return prev
+
+
+def _auto_load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """``_load_images``: every image of the request in turn, each its read (``get_image_bytes``, seen
+    by the fetch hook) then its decode, on the event loop. Where the reads cannot be paired with the
+    images (an item given already decoded), one ``mm.decode`` with its reads inside."""
+    fetched = getattr(_tls, "fetch", None) or []
+    _tls.fetch, _tls.media = st
+    trace = _trace()
+    if trace is None or exc is not None or not isinstance(result, list) or not result:
+        return
+    if len(fetched) != len(result):
+        trace.add(MM_DECODE, t0, t1, {"images": len(result), "with_read": True})
+        return
+    req = current_mm.get()
+    ends = [a for a, _, _ in fetched[1:]] + [t1]
+    for (a, b, nbytes), end, img in zip(fetched, ends, result, strict=True):
+        trace.add(MM_LOAD, a, b, {"bytes": nbytes})
+        size = image_size(img)
+        trace.add(MM_DECODE, b, end, {"width": size[0], "height": size[1]} if size else {})
+        if req is not None and size is not None:
+            req.loaded[id(img)] = (nbytes, size[0], size[1])
+            req.tiled.append(size)
+
+
+def _auto_hf_processor_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """``_apply_hf_processor``: the HF processor on the text and the images in one call, which
+    resizes, normalizes and also expands the placeholders (``with_expand``)."""
+    trace = _trace()
+    if trace is None or exc is not None:
+        return
+    attrs: dict[str, Any] = {"images": len(arg(args, kwargs, 1, "images") or ()), "with_expand": True}
+    videos = arg(args, kwargs, 2, "videos")
+    if videos:
+        attrs["videos"] = len(videos)
+    trace.add(MM_RESIZE_NORMALIZE, t0, t1, attrs)
+
+
+def _auto_items_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
+    """``_build_mm_items``: the items and their places in the expanded prompt (SGLang's part of the
+    expansion: the HF processor inserted the tokens), and the record's images from them."""
+    trace = _trace()
+    if trace is None or exc is not None or not isinstance(result, list):
+        return
+    images = [it for it in result if getattr(getattr(it, "modality", None), "name", None) == "IMAGE"]
+    spans = [(s, e) for it in images for s, e in (getattr(it, "offsets", None) or ())]
+    trace.add(MM_EXPAND, t0, t1, {"images": len(spans), "visual_tokens": sum(e - s + 1 for s, e in spans)})
+    req = current_mm.get()
+    sizes = req.tiled if req is not None else []
+    if len(sizes) == len(spans) and not trace.images:
+        by_size = {(w, h): n for n, w, h in (req.loaded.values() if req is not None else ())}
+        trace.images = [
+            {"width": w, "height": h, "visual_tokens": e - s + 1, "bytes": by_size.get((w, h), 0), "content_hash": ""}
+            for (w, h), (s, e) in zip(sizes, spans, strict=True)
+        ]
+
+
 PART = "mm"  # the switch part that gates these hooks
 
 HOOKS: dict[str, HookSpec] = {
@@ -468,6 +532,16 @@ HOOKS: dict[str, HookSpec] = {
         "mm_processor_generic.internvl_tiles", _tiles_exit, nvtx=_nv(MM_RESIZE_NORMALIZE)
     ),
     "mm_processor_generic.combine": interval("mm_processor_generic.combine", _combine_exit, _combine_enter),
+    # the transformers backend's processor (every HF model SGLang serves with --model-impl transformers)
+    "mm_processor_generic.auto_load": interval(
+        "mm_processor_generic.auto_load", _auto_load_exit, _auto_load_enter, nvtx=_nv(MM_DECODE)
+    ),
+    "mm_processor_generic.auto_hf_processor": interval(
+        "mm_processor_generic.auto_hf_processor", _auto_hf_processor_exit, nvtx=_nv(MM_RESIZE_NORMALIZE)
+    ),
+    "mm_processor_generic.auto_items": interval(
+        "mm_processor_generic.auto_items", _auto_items_exit, nvtx=_nv(MM_EXPAND)
+    ),
     "mm_processor_generic.combine_async": interval("mm_processor_generic.combine_async", _combine_async_exit),
     # CUDA events bracket these calls: the enter step records the first, the exit step the second
     "mm_processor_generic.resize_normalize": interval(
@@ -487,6 +561,7 @@ READS: dict[str, tuple[tuple[int | None, str | None], ...]] = {
     "mm_processor_generic.video_frames_tensor": ((0, "indices"),),
     "mm_processor_generic.internvl_tiles": ((0, "tensor"),),
     "mm_processor_generic.combine": ((0, "base_output"),),
+    "mm_processor_generic.auto_hf_processor": ((1, "images"), (2, "videos")),
     "mm_processor_generic.resize_normalize": ((1, "images"), (2, "videos"), (3, "audios")),
     "mm_processor_generic.cuda_ipc": ((0, "tensor"),),
 }

@@ -55,12 +55,18 @@ def _needed_owners(ctx: ss.FwdCtx, args: tuple, kwargs: dict) -> tuple[str, ...]
     return tuple(ctx.needs_embed)
 
 
-def _store_needed(ctx: ss.FwdCtx, m0: Any, m1: Any, args: tuple, kwargs: dict) -> None:
-    """An encoder that takes pixels, not items (SGLang's LLaVA ``encode_images``): it encodes every
-    image of the requests whose extend reaches one (its forward's ``need_vision``), which are the
-    forward's requests that need embeddings; there is no embedding cache on that path."""
-    hashes = [h for items in ctx.needs_embed.values() for h, m in items if m != "audio"]
-    ctx.vit.append((m0, m1, hashes, "image"))
+def _store_needed(modality: str) -> Any:
+    """For an encoder that takes pixels, not items (SGLang's LLaVA ``encode_images``; the HF model's
+    ``get_<modality>_features`` under the transformers backend): it encodes every item of its modality
+    of the requests whose extend reaches one, which are the forward's requests that need embeddings
+    (neither path has an embedding cache, nor a radix prefix on the transformers backend)."""
+
+    def store(ctx: ss.FwdCtx, m0: Any, m1: Any, args: tuple, kwargs: dict) -> None:
+        kinds = ("image", "video") if modality == "image" else (modality,)
+        hashes = [h for items in ctx.needs_embed.values() for h, m in items if m in kinds]
+        ctx.vit.append((m0, m1, hashes, modality))
+
+    return store
 
 
 def _combined_lookup_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -89,7 +95,18 @@ HOOKS: dict[str, HookSpec] = {
     # per-model: SGLang's LLaVA family (llava.py) encodes in its own forward, not through the generic
     # routine, so its get_image_feature-less classes are seen at encode_images
     "mm_embedding.llava_encoder": around_forward(
-        "mm_embedding.llava_encoder", MODEL_VISION_ENCODER, _needed_owners, _store_needed
+        "mm_embedding.llava_encoder", MODEL_VISION_ENCODER, _needed_owners, _store_needed("image")
+    ),
+    # the transformers backend: the HF model encodes inside its own forward, through the
+    # get_<modality>_features every transformers VLM defines (applied to the HF model SGLang wraps)
+    "mm_embedding.hf_image_encoder": around_forward(
+        "mm_embedding.hf_image_encoder", MODEL_VISION_ENCODER, _needed_owners, _store_needed("image")
+    ),
+    "mm_embedding.hf_video_encoder": around_forward(
+        "mm_embedding.hf_video_encoder", MODEL_VISION_ENCODER, _needed_owners, _store_needed("video")
+    ),
+    "mm_embedding.hf_audio_encoder": around_forward(
+        "mm_embedding.hf_audio_encoder", MODEL_AUDIO_ENCODER, _needed_owners, _store_needed("audio")
     ),
     # SGLang's embedding cache, whose first lookup of an item in a forward proves a hit or a miss
     "mm_embedding.cache_lookup": interval("mm_embedding.cache_lookup", _lookup_exit),

@@ -85,10 +85,17 @@ def around_forward(
     return interval(component, leave, enter, entered_only=True)
 
 
+TRANSFORMERS_BACKEND = "sglang.srt.models.transformers"
+"""The module of SGLang's transformers-backend classes, which wrap an HF model as ``.model``."""
+
+
 def _loaded(st, t0, t1, instance, args, kwargs, result: Any, exc: BaseException | None) -> None:
     model = getattr(instance, "model", None)
     if exc is None and model is not None:
         runtime.apply_late("model", type(model), model)
+        inner = getattr(model, "model", None)
+        if type(model).__module__ == TRANSFORMERS_BACKEND and inner is not None:
+            runtime.apply_late("hf_model", type(inner), inner)
 
 
 PART = "scheduler"  # the switch part that gates these hooks

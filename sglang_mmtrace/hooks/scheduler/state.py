@@ -216,6 +216,9 @@ ENCODER_HOOKS: dict[str, str] = {
     "mm_embedding.video_encoder": "video",
     "mm_embedding.audio_encoder": "audio",
     "mm_embedding.llava_encoder": "image",
+    "mm_embedding.hf_image_encoder": "image",
+    "mm_embedding.hf_video_encoder": "video",
+    "mm_embedding.hf_audio_encoder": "audio",
 }
 """The hooks that see every call of the served model's embedder of a modality (applied late, on its
 class; the embedder ``embed_mm_inputs`` resolves as ``get_<modality>_feature``)."""
