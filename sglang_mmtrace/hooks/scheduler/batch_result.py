@@ -104,7 +104,10 @@ def _emit_model_stages(ctx: ss.FwdCtx, batch_size: int) -> None:
             ss.emit(rid, MODEL_EMBED, start, e1, name, {**base, "embedding_cache": cache, "items": evidence})
     if ctx.fwd is not None:
         f0, f1 = clock.host(ctx.fwd[0]), clock.host(ctx.fwd[1])
-        start = embed_end if embed_end is not None and f0 <= embed_end <= f1 else f0
+        # the LM's part starts where the media embedding ended: the generic routine's model.embed, or,
+        # for a model that encodes inside its own forward (LLaVA, the transformers backend), its encoder
+        done = embed_end if embed_end is not None else vit_end
+        start = done if done is not None and f0 <= done <= f1 else f0
         ss.emit(rids, MODEL_PREFILL, start, f1, name, base)
     if ctx.sample is not None:
         ss.emit(rids, MODEL_SAMPLE, clock.host(ctx.sample[0]), clock.host(ctx.sample[1]), name, base)
