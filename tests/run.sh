@@ -8,7 +8,7 @@
 # apt-get, not root, apt-get failed) this says so and runs the tests anyway: those that need a
 # missing peer skip, and -rfEs puts each skip's reason (the package to install) in the summary.
 # Without -q pytest prints one progress line per test module. The whole suite takes about
-# 35 minutes on 2 cores (it starts real SGLang servers on the CPU); --quick about 2.
+# 30 minutes on 2 cores (it starts real SGLang servers on the CPU); --quick about 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -693,10 +693,11 @@ def test_promtool_check_metrics(prometheus, scraped):
     # in multiprocess mode then omits the family); every request-driven family is there.
     # the cuda_ipc pool's families exist only with the cuda_ipc transport, which needs CUDA
     no_cuda = {PREFIX + n for n in METRICS if n.startswith("cuda_ipc_pool_")}
-    # unobserved_stages_total has none either while every stage is seen (as here), and window_active
-    # exists only while tracing windows are set
+    # unobserved_stages_total has none either while every stage is seen (as here), nor
+    # stage_failures_total while no media fails, and window_active exists only while tracing windows are set
     quiet = {
         PREFIX + "errors_total",
+        PREFIX + "stage_failures_total",
         PREFIX + "dropped_total",
         PREFIX + "unobserved_stages_total",
         PREFIX + "window_active",
