@@ -31,6 +31,7 @@ MM_EXPAND = "mm.expand"
 TRANSPORT_PREPARE = "transport.prepare"
 DISPATCH = "dispatch"
 SCHEDULER_INBOX_WAIT = "scheduler.inbox_wait"
+SCHEDULER_ENCODER_WAIT = "scheduler.encoder_wait"
 SCHEDULER_RECV = "scheduler.recv"
 SCHEDULER_QUEUE = "scheduler.queue"
 SCHEDULER_PREFIX_MATCH = "scheduler.prefix_match"
@@ -248,6 +249,18 @@ _CATALOGUE: tuple[Stage, ...] = (
         SCHEDULER,
         "dispatched, waiting in the scheduler's socket while its loop is busy "
         "(joined: API send end -> scheduler receive start)",
+        parent=REQUEST,
+        extra=True,
+        stored_by=(),
+        emitted_by=("join.collector",),
+    ),
+    Stage(
+        SCHEDULER_ENCODER_WAIT,
+        SCHEDULER,
+        "encoder disaggregation, a language-only server whose scheduler receives the embeddings "
+        "(zmq_to_scheduler, mooncake): dispatched -> the scheduler took the request with its embeddings: "
+        "the encoder server's work and the transfer, the scheduler's own inbox wait inside "
+        "(joined: API send end -> scheduler receive start, in place of scheduler.inbox_wait)",
         parent=REQUEST,
         extra=True,
         stored_by=(),

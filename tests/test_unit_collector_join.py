@@ -145,3 +145,27 @@ def test_other_exchanges_are_left_as_they_are() -> None:
     assert not any(tr.warmup for tr in late)
     one = [_trace("x", False, True, 1.0)]
     assert fold_parallel_sampling(one) == (one, [])
+
+
+def test_a_language_only_servers_wait_for_the_encoder_is_its_own_stage() -> None:
+    """Encoder disaggregation (zmq_to_scheduler): the language scheduler takes the request only once the
+    encoder server's embeddings arrived. That second is remote work: filed as scheduler.encoder_wait,
+    never as the local inbox's wait (issue 53: 1.0 s of a 1.09 s TTFT had been scheduler.inbox_wait)."""
+    remote = [
+        StageEvent("scheduler.recv", "scheduler", 100.040, 100.045),
+        StageEvent("scheduler.output", "scheduler", 100.050, 100.051),
+    ]
+    local = build_record(trace_with_dispatch(0), list(remote), "0.5.23", 0.0)
+    names = {s["name"] for s in local["stages"]}
+    assert "scheduler.inbox_wait" in names and "scheduler.encoder_wait" not in names
+    epd = trace_with_dispatch(0)
+    epd.remote_encoder = "zmq_to_scheduler"
+    rec = build_record(epd, [StageEvent(e.name, e.process, e.t0, e.t1) for e in remote], "0.5.23", 0.0)
+    (wait,) = [s for s in rec["stages"] if s["name"] == "scheduler.encoder_wait"]
+    assert "scheduler.inbox_wait" not in {s["name"] for s in rec["stages"]}
+    assert wait["dur_s"] == pytest.approx(0.040 - 0.024, abs=1e-9)  # dispatch end -> the scheduler's receive
+    # zmq_to_tokenizer waits in the API process (inside tokenize): the hop stays the inbox's
+    tok = trace_with_dispatch(0)
+    tok.remote_encoder = "zmq_to_tokenizer"
+    rec = build_record(tok, [StageEvent(e.name, e.process, e.t0, e.t1) for e in remote], "0.5.23", 0.0)
+    assert "scheduler.inbox_wait" in {s["name"] for s in rec["stages"]}

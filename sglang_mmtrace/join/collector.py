@@ -39,6 +39,7 @@ from ..stages import (
     RESPONSE_INBOX_WAIT,
     ROOT,
     SCHEDULER,
+    SCHEDULER_ENCODER_WAIT,
     SCHEDULER_INBOX_WAIT,
     SCHEDULER_OUTPUT,
     SCHEDULER_PREFIX_MATCH,
@@ -640,8 +641,13 @@ def _first(events: list[StageEvent], name: str) -> StageEvent | None:
     return next((e for e in events if e.name == name), None)
 
 
-JOINED_STAGES = (SCHEDULER_INBOX_WAIT, DETOKENIZE_INBOX_WAIT, RESPONSE_INBOX_WAIT)
+JOINED_STAGES = (SCHEDULER_INBOX_WAIT, SCHEDULER_ENCODER_WAIT, DETOKENIZE_INBOX_WAIT, RESPONSE_INBOX_WAIT)
 """The stages ``_join_stages`` builds (no hook measures them; the README's stage table says so)."""
+
+
+SCHEDULER_RECEIVED_EMBEDDINGS = ("zmq_to_scheduler", "mooncake")
+"""Encoder transfer backends whose language scheduler receives the embeddings (``zmq_to_tokenizer``'s
+API process waits for them inside ``tokenize`` instead)."""
 
 
 def _join_stages(trace: ApiTrace, remote: list[StageEvent]) -> list[StageEvent]:
@@ -665,7 +671,12 @@ def _join_stages(trace: ApiTrace, remote: list[StageEvent]) -> list[StageEvent]:
             recv.attrs = {**recv.attrs, "poll_started_s": round(sent_after - recv.t0, 9)}
             recv.t0 = sent_after
         if recv.t0 > dispatch.t1:
-            out.append(StageEvent(SCHEDULER_INBOX_WAIT, SCHEDULER, dispatch.t1, recv.t0))
+            # a language-only server's scheduler holds the request until the encoder server's
+            # embeddings arrive: that wait is remote work, never the local inbox's
+            waited = trace.remote_encoder in SCHEDULER_RECEIVED_EMBEDDINGS
+            out.append(
+                StageEvent(SCHEDULER_ENCODER_WAIT if waited else SCHEDULER_INBOX_WAIT, SCHEDULER, dispatch.t1, recv.t0)
+            )
     output, detok = _first(remote, SCHEDULER_OUTPUT), _first(remote, DETOKENIZE)
     received = detok.t0 if detok is not None else t_first_output
     if output is not None and received is not None and output.t0 <= received < output.t1:

@@ -110,6 +110,7 @@ class ApiTrace:
         "sglang_state",
         "media",
         "failures",
+        "remote_encoder",
     )
 
     def __init__(self, rid: str, http: HttpCtx | None, model: str, t_created: float) -> None:
@@ -140,6 +141,9 @@ class ApiTrace:
         self.gpu_pending: list[tuple[str, float, float, dict[str, Any], Any, int]] = []  # see add_gpu
         self.sglang_state: Any = None  # SGLang's own state of the rid (its ReqState): see read_sglang_notes
         self.media: dict[str, int] = {}  # modality -> items the request carried (its stages are then expected)
+        # encoder disaggregation: the transfer backend when this (language-only) server sent the
+        # request's media to an encoder server, whose scheduler then waits for the embeddings
+        self.remote_encoder: str | None = None
         self.failures: list[dict[str, str]] = []  # the record's failures: see fail
 
     def add(self, name: str, t0: float, t1: float, attrs: dict[str, Any] | None = None, clock: str = "host") -> None:

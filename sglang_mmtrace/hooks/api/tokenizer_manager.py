@@ -93,6 +93,16 @@ def _tokenize_enter(instance: Any, args: tuple, kwargs: dict) -> Any:
     return trace, current_trace.set(trace)
 
 
+def _remote_encoder(instance: Any, obj: Any) -> str | None:
+    """The encoder transfer backend when this language-only server sent the request's media to an
+    encoder server (SGLang's ``need_wait_for_mm_inputs``), else None: SGLang's own flags, read once
+    the request is tokenized."""
+    server_args = getattr(instance, "server_args", None)
+    if not getattr(server_args, "language_only", False) or not getattr(obj, "need_wait_for_mm_inputs", False):
+        return None
+    return str(getattr(server_args, "encoder_transfer_backend", None) or "unknown")
+
+
 def _count(data: Any) -> int:
     """Items in one of a request's media fields (a list, a single item, or None)."""
     return len(data) if isinstance(data, list) else int(data is not None)
@@ -106,6 +116,7 @@ def _tokenize_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     current_trace.reset(token)
     if trace is not None:
         trace.add(TOKENIZE, t0, t1)
+        trace.remote_encoder = _remote_encoder(instance, arg(args, kwargs, 0, "obj"))
         if exc is not None:
             trace.error_class = error_class(exc)
 
