@@ -50,6 +50,7 @@ MAY_BE_ABSENT = {
     "detokenize.inbox_wait": "joined gap: exists only when the detokenizer picked the hand-off up after it was sent",
     "response.inbox_wait": "joined gap: exists only when the API loop received the output after it was detokenized",
     "scheduler.inbox_wait": "joined gap: exists only when the scheduler received the request after it was sent",
+    "scheduler.encoder_wait": "joined gap: exists only on a language-only server (encoder disaggregation)",
 }
 """Top-level stages the load may not produce; the stacked panels show them as 0 s (``or vector(0)``)."""
 
