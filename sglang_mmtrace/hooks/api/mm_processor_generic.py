@@ -473,7 +473,6 @@ def _auto_load_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
         trace.add(MM_DECODE, b, end, {"width": size[0], "height": size[1]} if size else {})
         if req is not None and size is not None:
             req.loaded[id(img)] = (nbytes, size[0], size[1])
-            req.tiled.append(size)
 
 
 def _auto_hf_processor_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
@@ -499,12 +498,11 @@ def _auto_items_exit(st, t0, t1, instance, args, kwargs, result, exc) -> None:
     spans = [(s, e) for it in images for s, e in (getattr(it, "offsets", None) or ())]
     trace.add(MM_EXPAND, t0, t1, {"images": len(spans), "visual_tokens": sum(e - s + 1 for s, e in spans)})
     req = current_mm.get()
-    sizes = req.tiled if req is not None else []
-    if len(sizes) == len(spans) and not trace.images:
-        by_size = {(w, h): n for n, w, h in (req.loaded.values() if req is not None else ())}
+    loaded = list(req.loaded.values()) if req is not None else []  # (bytes, width, height), in load order
+    if len(loaded) == len(spans) and not trace.images:
         trace.images = [
-            {"width": w, "height": h, "visual_tokens": e - s + 1, "bytes": by_size.get((w, h), 0), "content_hash": ""}
-            for (w, h), (s, e) in zip(sizes, spans, strict=True)
+            {"width": w, "height": h, "visual_tokens": e - s + 1, "bytes": nbytes, "content_hash": ""}
+            for (nbytes, w, h), (s, e) in zip(loaded, spans, strict=True)
         ]
 
 
